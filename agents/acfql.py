@@ -1,0 +1,271 @@
+"""Flow Q-learning with action chunking (ACFQL): QC (best-of-n), QC-FQL (distill-ddpg) and their baselines.
+
+With `action_chunking=True` the actor outputs a chunk of H = `horizon_length` actions as one flat (H * A) vector and
+the critic scores Q(s, a_0:H); the target is the H-step return plus discount^H times the target Q of the next chunk.
+With `action_chunking=False` the actor and critic see only the first action and the same H-step target gives the
+n-step baselines (BFN-n, FQL-n); `horizon_length=1` gives plain BFN / FQL.
+"""
+
+import copy
+from typing import Any
+
+import flax
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+
+from utils.encoders import encoder_modules
+from utils.flax_utils import ModuleDict, TrainState, nonpytree_field, scan_updates, target_update
+from utils.networks import ActorVectorField, Value
+
+ACTOR_TYPES = ('distill-ddpg', 'best-of-n')
+Q_AGGS = ('mean', 'min')
+
+
+def aggregate_q(qs, q_agg):
+    """Aggregates a critic ensemble's outputs (num_qs, ...) by 'mean' or 'min' over the ensemble axis."""
+    return qs.min(axis=0) if q_agg == 'min' else qs.mean(axis=0)
+
+
+class ACFQLAgent(flax.struct.PyTreeNode):
+    """Flow Q-learning agent over action chunks."""
+
+    rng: Any
+    network: Any
+    config: Any = nonpytree_field()
+
+    def _policy_actions(self, batch):
+        """Dataset actions as the policy sees them: the flat chunk (B, H * A), or the first action (B, A)."""
+        if self.config['action_chunking']:
+            return jnp.reshape(batch['actions'], (batch['actions'].shape[0], -1))
+        return batch['actions'][:, 0, :]
+
+    def critic_loss(self, batch, grad_params, rng):
+        """TD loss of Q(s, a_0:H) toward the H-step return bootstrapped with the target critic."""
+        actions = self._policy_actions(batch)  # (B, H * A) or (B, A)
+        last_next_obs = batch['next_observations'][..., -1, :]
+        next_actions = self.sample_actions(last_next_obs, rng=rng)
+        next_q = aggregate_q(self.network.select('target_critic')(last_next_obs, next_actions), self.config['q_agg'])
+        horizon = self.config['horizon_length']
+        target_q = batch['rewards'][..., -1] + self.config['discount'] ** horizon * batch['masks'][..., -1] * next_q
+
+        q = self.network.select('critic')(batch['observations'], actions, params=grad_params)  # (num_qs, B)
+        critic_loss = (jnp.square(q - target_q) * batch['valid'][..., -1]).mean()
+        return critic_loss, {
+            'critic_loss': critic_loss,
+            'q_mean': q.mean(),
+            'q_max': q.max(),
+            'q_min': q.min(),
+        }
+
+    def actor_loss(self, batch, grad_params, rng):
+        """Flow-matching BC loss on dataset chunks; for distill-ddpg also the one-step distillation and Q losses."""
+        batch_size = batch['actions'].shape[0]
+        actions = self._policy_actions(batch)
+        noise_rng, time_rng, distill_rng = jax.random.split(rng, 3)
+
+        x_0 = jax.random.normal(noise_rng, actions.shape)
+        x_1 = actions
+        t = jax.random.uniform(time_rng, (batch_size, 1))
+        x_t = (1 - t) * x_0 + t * x_1
+        vel = x_1 - x_0
+        pred = self.network.select('actor_bc_flow')(batch['observations'], x_t, t, params=grad_params)
+        if self.config['action_chunking']:
+            # Steps after an episode end are not real actions of this episode: mask them out.
+            sq_err = jnp.reshape(jnp.square(pred - vel), batch['actions'].shape)  # (B, H, A)
+            bc_flow_loss = jnp.mean(sq_err * batch['valid'][..., None])
+        else:
+            bc_flow_loss = jnp.mean(jnp.square(pred - vel))
+
+        info = {'bc_flow_loss': bc_flow_loss}
+        if self.config['actor_type'] == 'distill-ddpg':
+            noises = jax.random.normal(distill_rng, actions.shape)
+            target_flow_actions = jax.lax.stop_gradient(self.compute_flow_actions(batch['observations'], noises))
+            actor_actions = self.network.select('actor_onestep_flow')(batch['observations'], noises, params=grad_params)
+            distill_loss = jnp.mean(jnp.square(actor_actions - target_flow_actions))
+
+            actor_actions = jnp.clip(actor_actions, -1, 1)
+            q = self.network.select('critic')(batch['observations'], actor_actions).mean(axis=0)
+            q_loss = -q.mean()
+            actor_loss = bc_flow_loss + self.config['alpha'] * distill_loss + q_loss
+            info.update(
+                distill_loss=distill_loss,
+                q_loss=q_loss,
+                q=q.mean(),
+                mse=jnp.mean(jnp.square(actor_actions - actions)),
+            )
+        else:
+            # best-of-n acts through the critic at sampling time; only the BC flow is trained.
+            actor_loss = bc_flow_loss
+        info['actor_loss'] = actor_loss
+        return actor_loss, info
+
+    def total_loss(self, batch, grad_params, rng=None):
+        """Critic loss plus actor loss, with `critic/` and `actor/` prefixed infos."""
+        rng = rng if rng is not None else self.rng
+        critic_rng, actor_rng = jax.random.split(rng)
+        critic_loss, critic_info = self.critic_loss(batch, grad_params, critic_rng)
+        actor_loss, actor_info = self.actor_loss(batch, grad_params, actor_rng)
+        info = {f'critic/{k}': v for k, v in critic_info.items()}
+        info.update({f'actor/{k}': v for k, v in actor_info.items()})
+        return critic_loss + actor_loss, info
+
+    def _update(self, batch):
+        new_rng, rng = jax.random.split(self.rng)
+
+        def loss_fn(grad_params):
+            return self.total_loss(batch, grad_params, rng=rng)
+
+        new_network, info = self.network.apply_loss_fn(loss_fn)
+        new_network = new_network.replace(params=target_update(new_network, 'critic', self.config['tau']))
+        return self.replace(network=new_network, rng=new_rng), info
+
+    @jax.jit
+    def update(self, batch):
+        """One gradient step on a batch from `sample_sequence`, then a soft target update. Returns (agent, info)."""
+        return self._update(batch)
+
+    @jax.jit
+    def batch_update(self, batch):
+        """`U` sequential updates fused in one `lax.scan`; every leaf of `batch` has a leading (U,) axis.
+
+        Equivalent to U calls of `update`; the returned info is averaged over the U steps.
+        """
+        return scan_updates(lambda agent, b: agent._update(b), self, batch)
+
+    def compute_flow_actions(self, observations, noises):
+        """Integrates the BC flow from `noises` with `flow_steps` Euler steps; the result is clipped to [-1, 1]."""
+        flow = self.network.select('actor_bc_flow')
+        features = self.network.select('actor_bc_flow', method_name='encode')(observations)
+        actions = noises
+        num_steps = self.config['flow_steps']
+        for i in range(num_steps):
+            t = jnp.full((*actions.shape[:-1], 1), i / num_steps)
+            actions = actions + flow(features, actions, t, is_encoded=True) / num_steps
+        return jnp.clip(actions, -1, 1)
+
+    @jax.jit
+    def sample_actions(self, observations, rng=None):
+        """Action chunks (..., H * A) (or single actions (..., A)) for one observation or a batch, in [-1, 1].
+
+        distill-ddpg runs the one-step policy once; best-of-n integrates `actor_num_samples` flow samples per
+        observation and keeps the one the critic ranks highest.
+        """
+        rng = rng if rng is not None else self.rng
+        ob_ndim = len(self.config['ob_dims'])
+        batch_shape = observations.shape[: observations.ndim - ob_ndim]
+        action_dim = self.config['full_action_dim']
+        if self.config['actor_type'] == 'distill-ddpg':
+            noises = jax.random.normal(rng, (*batch_shape, action_dim))
+            actions = self.network.select('actor_onestep_flow')(observations, noises)
+            return jnp.clip(actions, -1, 1)
+
+        num_samples = self.config['actor_num_samples']
+        noises = jax.random.normal(rng, (*batch_shape, num_samples, action_dim))
+        obs_rep = jnp.repeat(jnp.expand_dims(observations, len(batch_shape)), num_samples, axis=len(batch_shape))
+        candidates = self.compute_flow_actions(obs_rep, noises)  # (..., N, H * A)
+        q = aggregate_q(self.network.select('critic')(obs_rep, candidates), self.config['q_agg'])  # (..., N)
+        best = jnp.argmax(q, axis=-1)
+        return jnp.take_along_axis(candidates, best[..., None, None], axis=-2)[..., 0, :]
+
+    @classmethod
+    def create(cls, seed, ex_observations, ex_actions, config):
+        """Builds the agent.
+
+        Args:
+            seed: Seed of the agent's JAX key (initialization and sampling).
+            ex_observations: Example observations with a leading batch axis, (1, *obs_shape).
+            ex_actions: Example single-step actions with a leading batch axis, (1, A).
+            config: The agent's config (see `get_config`), with `horizon_length` set.
+        """
+        config = dict(config)
+        if config.get('horizon_length') is None or config['horizon_length'] < 1:
+            raise ValueError(f'horizon_length must be a positive integer, got {config.get("horizon_length")}')
+        if config['actor_type'] not in ACTOR_TYPES:
+            raise ValueError(f'Unknown actor_type {config["actor_type"]!r}; choose one of {", ".join(ACTOR_TYPES)}')
+        if config['q_agg'] not in Q_AGGS:
+            raise ValueError(f'Unknown q_agg {config["q_agg"]!r}; choose one of {", ".join(Q_AGGS)}')
+
+        rng = jax.random.PRNGKey(seed)
+        rng, init_rng = jax.random.split(rng)
+        ex_observations = jnp.asarray(ex_observations)
+        ex_actions = jnp.asarray(ex_actions)
+        action_dim = ex_actions.shape[-1]
+        horizon = config['horizon_length'] if config['action_chunking'] else 1
+        full_actions = jnp.concatenate([ex_actions] * horizon, axis=-1)  # (1, H * A)
+        full_action_dim = full_actions.shape[-1]
+        ex_times = ex_actions[..., :1]
+
+        encoders = {}
+        if config['encoder'] is not None:
+            encoder_module = encoder_modules[config['encoder']]
+            encoders = {name: encoder_module() for name in ('critic', 'actor_bc_flow', 'actor_onestep_flow')}
+
+        critic_def = Value(
+            hidden_dims=tuple(config['value_hidden_dims']),
+            layer_norm=config['layer_norm'],
+            num_ensembles=config['num_qs'],
+            encoder=encoders.get('critic'),
+        )
+
+        def actor_def(name):
+            return ActorVectorField(
+                hidden_dims=tuple(config['actor_hidden_dims']),
+                action_dim=full_action_dim,
+                layer_norm=config['actor_layer_norm'],
+                encoder=encoders.get(name),
+                use_fourier_features=config['use_fourier_features'],
+                fourier_feature_dim=config['fourier_feature_dim'],
+            )
+
+        network_info = dict(
+            critic=(critic_def, (ex_observations, full_actions)),
+            target_critic=(copy.deepcopy(critic_def), (ex_observations, full_actions)),
+            actor_bc_flow=(actor_def('actor_bc_flow'), (ex_observations, full_actions, ex_times)),
+            actor_onestep_flow=(actor_def('actor_onestep_flow'), (ex_observations, full_actions)),
+        )
+        networks = {k: v[0] for k, v in network_info.items()}
+        network_args = {k: v[1] for k, v in network_info.items()}
+        network_def = ModuleDict(networks)
+        if config['weight_decay'] > 0:
+            network_tx = optax.adamw(learning_rate=config['lr'], weight_decay=config['weight_decay'])
+        else:
+            network_tx = optax.adam(learning_rate=config['lr'])
+        network_params = network_def.init(init_rng, **network_args)['params']
+        network_params['modules_target_critic'] = network_params['modules_critic']
+        network = TrainState.create(network_def, network_params, tx=network_tx)
+
+        config['ob_dims'] = tuple(ex_observations.shape[1:])
+        config['action_dim'] = action_dim
+        config['full_action_dim'] = full_action_dim
+        return cls(rng, network=network, config=flax.core.FrozenDict(**config))
+
+
+def get_config():
+    """Default ACFQL hyperparameters (the paper's QC-FQL setting; `--agent.actor_type=best-of-n` gives QC)."""
+    return ml_collections.ConfigDict(
+        dict(
+            agent_name='acfql',  # Key of the agent class in `agents.agents`.
+            lr=3e-4,  # Learning rate of every network.
+            batch_size=256,  # Chunks per gradient step.
+            actor_hidden_dims=(512, 512, 512, 512),  # Hidden sizes of both flow actors.
+            value_hidden_dims=(512, 512, 512, 512),  # Hidden sizes of each critic.
+            layer_norm=True,  # Layer norm in the critics.
+            actor_layer_norm=False,  # Layer norm in the actors.
+            discount=0.99,  # Per-step discount; the chunk target uses discount ** horizon_length.
+            tau=0.005,  # Polyak rate of the target critic.
+            q_agg='mean',  # How the critic ensemble is aggregated in targets and best-of-n ranking: 'mean' or 'min'.
+            alpha=100.0,  # Weight of the one-step distillation loss (distill-ddpg).
+            num_qs=2,  # Critic ensemble size.
+            flow_steps=10,  # Euler steps of the BC flow.
+            encoder=ml_collections.config_dict.placeholder(str),  # Image encoder name from `encoder_modules`, or None.
+            horizon_length=ml_collections.config_dict.placeholder(int),  # Chunk length H; set by the driver's flag.
+            action_chunking=True,  # Chunked actor/critic (QC); False gives n-step returns on single actions.
+            actor_type='distill-ddpg',  # 'distill-ddpg' (one-step policy, QC-FQL) or 'best-of-n' (QC).
+            actor_num_samples=32,  # Flow samples ranked by the critic in best-of-n.
+            use_fourier_features=False,  # Fourier features of the flow time instead of the raw scalar.
+            fourier_feature_dim=64,  # Size of those Fourier features.
+            weight_decay=0.0,  # AdamW weight decay when > 0, else Adam.
+        )
+    )

@@ -1,0 +1,78 @@
+"""Small builders shared by the tests: index-tagged datasets and tiny agent configs."""
+
+import numpy as np
+
+from utils.datasets import Dataset
+
+
+def tagged_episodes(lengths, obs_dim=3, action_dim=2, success_episodes=(), image_shape=None):
+    """Fields of episodes whose every step carries its global index t.
+
+    observations[t] = t (every entry; images: t % 256), next_observations[t] = t + 0.5 (images: (t + 1) % 256),
+    actions[t] = (t, -t, ...) / 1000, rewards[t] = t + 1, terminals = 1 at every episode's last step, and masks = 0 at
+    the last step of the episodes listed in `success_episodes` (true terminations).
+    """
+    n = int(sum(lengths))
+    t = np.arange(n)
+    ends = np.cumsum(lengths) - 1
+    terminals = np.zeros(n, np.float32)
+    terminals[ends] = 1.0
+    masks = np.ones(n, np.float32)
+    for ep in success_episodes:
+        masks[ends[ep]] = 0.0
+    if image_shape is None:
+        observations = np.repeat(t[:, None], obs_dim, axis=1).astype(np.float32)
+        next_observations = observations + 0.5
+    else:
+        observations = np.broadcast_to((t % 256).astype(np.uint8)[:, None, None, None], (n, *image_shape)).copy()
+        next_observations = np.broadcast_to(((t + 1) % 256).astype(np.uint8)[:, None, None, None], (n, *image_shape))
+        next_observations = next_observations.copy()
+    signs = np.where(np.arange(action_dim) % 2 == 0, 1.0, -1.0)
+    actions = (t[:, None] * signs[None, :] / 1000.0).astype(np.float32)
+    return dict(
+        observations=observations,
+        actions=actions,
+        rewards=(t + 1).astype(np.float32),
+        terminals=terminals,
+        masks=masks,
+        next_observations=next_observations,
+    )
+
+
+def tagged_dataset(lengths, seed=0, **kwargs):
+    """A `Dataset` of `tagged_episodes`; options like frame_stack/p_aug go to `Dataset.create`."""
+    options = {k: kwargs.pop(k) for k in ('frame_stack', 'p_aug') if k in kwargs}
+    return Dataset.create(seed=seed, **tagged_episodes(lengths, **kwargs), **options)
+
+
+def random_dataset(n=300, obs_dim=5, action_dim=2, episode_length=50, seed=0):
+    """A dataset of random transitions in fixed-length episodes, for agent tests."""
+    rng = np.random.default_rng(seed)
+    terminals = np.zeros(n, np.float32)
+    terminals[episode_length - 1 :: episode_length] = 1.0
+    observations = rng.normal(size=(n, obs_dim)).astype(np.float32)
+    return Dataset.create(
+        seed=seed,
+        observations=observations,
+        actions=rng.uniform(-1, 1, size=(n, action_dim)).astype(np.float32),
+        rewards=rng.normal(size=n).astype(np.float32),
+        terminals=terminals,
+        masks=np.ones(n, np.float32),
+        next_observations=np.roll(observations, -1, axis=0),
+    )
+
+
+def tiny_acfql_config(horizon_length=3, **overrides):
+    """ACFQL config with tiny networks so that tests compile and run in seconds on a CPU."""
+    from agents.acfql import get_config
+
+    config = get_config()
+    config.horizon_length = horizon_length
+    config.actor_hidden_dims = (32, 32)
+    config.value_hidden_dims = (32, 32)
+    config.flow_steps = 3
+    config.actor_num_samples = 4
+    config.batch_size = 16
+    for k, v in overrides.items():
+        setattr(config, k, v)
+    return config

@@ -1,0 +1,221 @@
+"""ACFQL agent: shapes, the critic target by hand, best-of-n ranking, Euler flow, fused updates, checkpoints."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import random_dataset, tiny_acfql_config
+
+from agents.acfql import ACFQLAgent
+from utils.datasets import Dataset
+from utils.flax_utils import restore_agent, restore_agent_with_file, save_agent
+
+OBS_DIM, ACTION_DIM, H = 5, 2, 3
+
+
+@pytest.fixture(scope='module')
+def dataset():
+    return random_dataset(obs_dim=OBS_DIM, action_dim=ACTION_DIM)
+
+
+def make_agent(dataset, seed=0, **overrides):
+    overrides.setdefault('horizon_length', H)
+    config = tiny_acfql_config(**overrides)
+    return ACFQLAgent.create(seed, dataset['observations'][:1], dataset['actions'][:1], config)
+
+
+@pytest.fixture(scope='module')
+def agents(dataset):
+    return {
+        (actor_type, chunking): make_agent(dataset, actor_type=actor_type, action_chunking=chunking)
+        for actor_type in ('distill-ddpg', 'best-of-n')
+        for chunking in (True, False)
+    }
+
+
+def assert_trees_close(a, b, **kwargs):
+    jax.tree_util.tree_map(lambda x, y: np.testing.assert_allclose(np.asarray(x), np.asarray(y), **kwargs), a, b)
+
+
+@pytest.mark.parametrize('actor_type', ['distill-ddpg', 'best-of-n'])
+@pytest.mark.parametrize('chunking', [True, False])
+def test_action_shapes_and_range(agents, dataset, actor_type, chunking):
+    agent = agents[(actor_type, chunking)]
+    width = H * ACTION_DIM if chunking else ACTION_DIM
+    single = agent.sample_actions(dataset['observations'][0], rng=jax.random.PRNGKey(1))
+    batched = agent.sample_actions(dataset['observations'][:9], rng=jax.random.PRNGKey(1))
+    assert single.shape == (width,)
+    assert batched.shape == (9, width)
+    assert np.all(np.abs(np.asarray(batched)) <= 1.0)
+
+
+@pytest.mark.parametrize('actor_type', ['distill-ddpg', 'best-of-n'])
+@pytest.mark.parametrize('chunking', [True, False])
+def test_updates_give_finite_losses_and_move_params(agents, dataset, actor_type, chunking):
+    agent = agents[(actor_type, chunking)]
+    new_agent = agent
+    for _ in range(3):
+        new_agent, info = new_agent.update(dataset.sample_sequence(16, H, 0.99))
+    for key in ('critic/critic_loss', 'actor/actor_loss', 'actor/bc_flow_loss', 'grad/norm'):
+        assert np.isfinite(info[key]), key
+    assert ('actor/distill_loss' in info) == (actor_type == 'distill-ddpg')
+    before = agent.network.params['modules_critic']
+    after = new_agent.network.params['modules_critic']
+    assert any(
+        not np.allclose(x, y) for x, y in zip(jax.tree_util.tree_leaves(before), jax.tree_util.tree_leaves(after))
+    )
+
+
+def set_constant_output(params, value):
+    """Makes every member of a critic ensemble output `value` (zero last kernel, bias = value)."""
+    params = jax.tree_util.tree_map(lambda x: x, params)
+    last = max(k for k in params['value_net'] if k.startswith('Dense_'))
+    layer = dict(params['value_net'][last])
+    layer['kernel'] = jnp.zeros_like(layer['kernel'])
+    layer['bias'] = jnp.full_like(layer['bias'], value)
+    params['value_net'] = {**params['value_net'], last: layer}
+    return params
+
+
+@pytest.mark.parametrize('chunking', [True, False])
+def test_critic_target_equals_hand_computed_h_step_return(dataset, chunking):
+    agent = make_agent(dataset, action_chunking=chunking)
+    params = dict(agent.network.params)
+    params['modules_critic'] = set_constant_output(params['modules_critic'], 0.7)
+    params['modules_target_critic'] = set_constant_output(params['modules_target_critic'], 2.5)
+    agent = agent.replace(network=agent.network.replace(params=params))
+
+    gamma = agent.config['discount']
+    fields = {k: np.asarray(dataset[k]) for k in dataset}
+    batch = dataset.sample_sequence(32, H, gamma)
+    starts = [int(np.nonzero(np.all(fields['observations'] == o, axis=1))[0][0]) for o in batch['observations']]
+    loss, info = agent.critic_loss(batch, params, jax.random.PRNGKey(0))
+
+    expected = []
+    for s in starts:
+        ret, mask, valid = 0.0, 1.0, 1.0
+        for i in range(H):
+            if i > 0:
+                valid = min(valid, 1.0 - fields['terminals'][s + i - 1])
+            ret += gamma**i * fields['rewards'][s + i]
+            mask = min(mask, fields['masks'][s + i])
+        target = ret + gamma**H * mask * 2.5
+        expected.append(valid * (0.7 - target) ** 2)
+    np.testing.assert_allclose(loss, np.mean(expected), rtol=1e-5)
+    np.testing.assert_allclose(info['q_mean'], 0.7, rtol=1e-6)
+
+
+def test_best_of_n_returns_the_candidate_the_critic_ranks_highest(dataset):
+    agent = make_agent(dataset, actor_type='best-of-n', actor_num_samples=6)
+    obs = jnp.asarray(dataset['observations'][:4])
+    rng = jax.random.PRNGKey(7)
+    chosen = agent.sample_actions(obs, rng=rng)
+
+    noises = jax.random.normal(rng, (4, 6, H * ACTION_DIM))
+    obs_rep = jnp.repeat(obs[:, None], 6, axis=1)
+    candidates = agent.compute_flow_actions(obs_rep, noises)
+    q = agent.network.select('critic')(obs_rep, candidates).mean(axis=0)  # (4, 6)
+    best = np.asarray(candidates)[np.arange(4), np.asarray(q).argmax(axis=1)]
+    np.testing.assert_allclose(chosen, best, rtol=1e-6)
+    q_chosen = agent.network.select('critic')(obs, chosen).mean(axis=0)
+    assert np.all(np.asarray(q_chosen)[:, None] >= np.asarray(q) - 1e-5)
+
+
+def test_euler_integration_matches_a_hand_rolled_loop(dataset):
+    agent = make_agent(dataset, flow_steps=5)
+    obs = jnp.asarray(dataset['observations'][:8])
+    noises = jax.random.normal(jax.random.PRNGKey(3), (8, H * ACTION_DIM))
+    x = noises
+    for i in range(5):
+        t = jnp.full((8, 1), i / 5)
+        x = x + agent.network.select('actor_bc_flow')(obs, x, t) / 5
+    np.testing.assert_allclose(agent.compute_flow_actions(obs, noises), jnp.clip(x, -1, 1), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize('actor_type', ['distill-ddpg', 'best-of-n'])
+def test_batch_update_equals_sequential_updates(dataset, actor_type):
+    agent = make_agent(dataset, actor_type=actor_type)
+    batches = [dataset.sample_sequence(16, H, 0.99) for _ in range(3)]
+    sequential = agent
+    infos = []
+    for batch in batches:
+        sequential, info = sequential.update(batch)
+        infos.append(info)
+    stacked = jax.tree_util.tree_map(lambda *x: np.stack(x), *batches)
+    fused, fused_info = agent.batch_update(stacked)
+    assert_trees_close(fused.network.params, sequential.network.params, rtol=1e-4, atol=1e-6)
+    np.testing.assert_array_equal(jax.random.key_data(fused.rng), jax.random.key_data(sequential.rng))
+    mean_loss = np.mean([i['critic/critic_loss'] for i in infos])
+    np.testing.assert_allclose(fused_info['critic/critic_loss'], mean_loss, rtol=1e-4)
+
+
+def test_target_network_moves_by_tau(dataset):
+    agent = make_agent(dataset, tau=0.1)
+    new_agent, _ = agent.update(dataset.sample_sequence(16, H, 0.99))
+    old_target = agent.network.params['modules_target_critic']
+    new_critic = new_agent.network.params['modules_critic']
+    expected = jax.tree_util.tree_map(lambda c, t: 0.1 * c + 0.9 * t, new_critic, old_target)
+    assert_trees_close(new_agent.network.params['modules_target_critic'], expected, rtol=1e-5, atol=1e-7)
+    # The target really moved (it started equal to the critic, which changed).
+    leaves = zip(jax.tree_util.tree_leaves(old_target), jax.tree_util.tree_leaves(expected))
+    assert any(not np.allclose(a, b) for a, b in leaves)
+
+
+def test_adamw_decays_weights_when_weight_decay_is_positive(dataset):
+    batch = dataset.sample_sequence(16, H, 0.99)
+    adam_agent, _ = make_agent(dataset).update(batch)
+    base = make_agent(dataset, weight_decay=0.01)
+    adamw_agent, _ = base.update(batch)
+    # AdamW is Adam minus lr * wd * params on the same gradients.
+    lr = base.config['lr']
+    expected = jax.tree_util.tree_map(lambda a, p: a - lr * 0.01 * p, adam_agent.network.params, base.network.params)
+    new_params = dict(adamw_agent.network.params)
+    expected = dict(expected)
+    # The target critic is not optimized; it only follows the critic.
+    for tree in (new_params, expected):
+        tree.pop('modules_target_critic')
+    assert_trees_close(new_params, expected, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize('actor_type', ['distill-ddpg', 'best-of-n'])
+def test_image_observation_agent(actor_type):
+    rng = np.random.default_rng(0)
+    n = 40
+    observations = rng.integers(0, 255, size=(n, 16, 16, 3), dtype=np.uint8)
+    terminals = np.zeros(n, np.float32)
+    terminals[19::20] = 1
+    dataset = Dataset.create(
+        observations=observations,
+        next_observations=np.roll(observations, -1, axis=0),
+        actions=rng.uniform(-1, 1, size=(n, ACTION_DIM)).astype(np.float32),
+        rewards=np.zeros(n, np.float32),
+        terminals=terminals,
+        masks=np.ones(n, np.float32),
+    )
+    agent = make_agent(dataset, encoder='impala_debug', actor_type=actor_type)
+    batch = dataset.sample_sequence(4, H, 0.99)
+    assert batch['next_observations'].shape == (4, 16, 16, H, 3)
+    agent, info = agent.update(batch)
+    assert np.isfinite(info['critic/critic_loss']) and np.isfinite(info['actor/actor_loss'])
+    assert agent.sample_actions(observations[0], rng=jax.random.PRNGKey(0)).shape == (H * ACTION_DIM,)
+    assert agent.sample_actions(observations[:3], rng=jax.random.PRNGKey(0)).shape == (3, H * ACTION_DIM)
+
+
+def test_save_restore_round_trip_gives_identical_actions(dataset, tmp_path):
+    agent, _ = make_agent(dataset).update(dataset.sample_sequence(16, H, 0.99))
+    path = save_agent(agent, str(tmp_path), 7)
+    assert path.endswith('params_7.pkl')
+    fresh = make_agent(dataset, seed=42)
+    obs = dataset['observations'][:5]
+    key = jax.random.PRNGKey(11)
+    assert not np.allclose(fresh.sample_actions(obs, rng=key), agent.sample_actions(obs, rng=key))
+    for restored in (restore_agent_with_file(fresh, path), restore_agent(fresh, str(tmp_path), 7)):
+        np.testing.assert_array_equal(restored.sample_actions(obs, rng=key), agent.sample_actions(obs, rng=key))
+        assert_trees_close(restored.network.opt_state, agent.network.opt_state)
+
+
+def test_bad_configs_are_refused(dataset):
+    with pytest.raises(ValueError, match='horizon_length'):
+        make_agent(dataset, horizon_length=0)
+    with pytest.raises(ValueError, match='actor_type'):
+        make_agent(dataset, actor_type='best-of-m')

@@ -1,0 +1,206 @@
+"""Samplers on index-tagged data: contiguity, exact returns/masks/valid at episode ends, images, buffer wrap-around."""
+
+import numpy as np
+import pytest
+from helpers import tagged_dataset, tagged_episodes
+
+from utils.datasets import Dataset, ReplayBuffer
+
+LENGTHS = (7, 5, 9, 4)  # Episode boundaries at t = 6, 11, 20, 24.
+GAMMA = 0.9
+
+
+def expected_chunk(fields, start, horizon, discount):
+    """Hand-rolled chunk statistics from raw per-step fields, one step at a time."""
+    rewards, masks, terminals, valid = [], [], [], []
+    ret, mask, term = 0.0, 1.0, 0.0
+    for i in range(horizon):
+        t = start + i
+        valid.append(1.0 if i == 0 else 1.0 - term)
+        ret += discount**i * fields['rewards'][t]
+        mask = min(mask, fields['masks'][t])
+        term = max(term, fields['terminals'][t])
+        rewards.append(ret)
+        masks.append(mask)
+        terminals.append(term)
+    return np.array(rewards), np.array(masks), np.array(terminals), np.array(valid)
+
+
+@pytest.mark.parametrize('horizon', [1, 3, 5])
+def test_sample_sequence_matches_hand_rolled_chunks(horizon):
+    fields = tagged_episodes(LENGTHS, success_episodes=(1,))
+    dataset = Dataset.create(seed=1, **fields)
+    batch = dataset.sample_sequence(512, horizon, GAMMA)
+    starts = batch['observations'][:, 0].astype(int)
+
+    # Starts are uniform over every index that leaves room for a full chunk, and nothing else.
+    assert set(starts) == set(range(dataset.size - horizon + 1))
+    assert batch['actions'].shape == (512, horizon, 2)
+    assert batch['full_observations'].shape == (512, horizon, 3)
+    assert batch['next_observations'].shape == (512, horizon, 3)
+    for key in ('rewards', 'masks', 'terminals', 'valid'):
+        assert batch[key].shape == (512, horizon) and batch[key].dtype == np.float32
+
+    steps = starts[:, None] + np.arange(horizon)
+    np.testing.assert_array_equal(batch['full_observations'][..., 0], steps)
+    np.testing.assert_array_equal(batch['next_observations'][..., 0], steps + 0.5)
+    np.testing.assert_allclose(batch['actions'][..., 0], steps / 1000.0, rtol=1e-6)
+    next_steps = np.minimum(steps + 1, dataset.size - 1)
+    np.testing.assert_allclose(batch['next_actions'][..., 0], next_steps / 1000.0, rtol=1e-6)
+    for b in range(0, 512, 7):
+        rewards, masks, terminals, valid = expected_chunk(fields, starts[b], horizon, GAMMA)
+        np.testing.assert_allclose(batch['rewards'][b], rewards, rtol=1e-6)
+        np.testing.assert_array_equal(batch['masks'][b], masks)
+        np.testing.assert_array_equal(batch['terminals'][b], terminals)
+        np.testing.assert_array_equal(batch['valid'][b], valid)
+
+
+def test_valid_masks_and_terminals_at_an_episode_end():
+    # A chunk starting two steps before the successful end of episode 1 (t = 11) runs into episode 2.
+    fields = tagged_episodes(LENGTHS, success_episodes=(1,))
+    dataset = Dataset.create(seed=0, **fields)
+    batch = None
+    for _ in range(200):
+        batch = dataset.sample_sequence(64, 4, 1.0)
+        rows = np.nonzero(batch['observations'][:, 0] == 10)[0]
+        if len(rows):
+            break
+    row = rows[0]
+    np.testing.assert_array_equal(batch['valid'][row], [1, 1, 0, 0])
+    np.testing.assert_array_equal(batch['terminals'][row], [0, 1, 1, 1])
+    np.testing.assert_array_equal(batch['masks'][row], [1, 0, 0, 0])
+    np.testing.assert_allclose(batch['rewards'][row], np.cumsum([11, 12, 13, 14]))
+
+
+def test_sampling_is_reproducible_for_a_seed_and_independent_of_global_numpy():
+    a = tagged_dataset(LENGTHS, seed=3).sample_sequence(32, 3, GAMMA)
+    np.random.seed(123)
+    b = tagged_dataset(LENGTHS, seed=3).sample_sequence(32, 3, GAMMA)
+    c = tagged_dataset(LENGTHS, seed=4).sample_sequence(32, 3, GAMMA)
+    np.testing.assert_array_equal(a['observations'], b['observations'])
+    assert not np.array_equal(a['observations'], c['observations'])
+
+
+def test_image_sequences_use_height_width_horizon_channel_layout():
+    dataset = tagged_dataset(LENGTHS, image_shape=(8, 6, 3))
+    batch = dataset.sample_sequence(16, 3, GAMMA)
+    starts = batch['observations'][:, 0, 0, 0].astype(int)
+    assert batch['observations'].shape == (16, 8, 6, 3) and batch['observations'].dtype == np.uint8
+    assert batch['full_observations'].shape == (16, 8, 6, 3, 3)
+    assert batch['next_observations'].shape == (16, 8, 6, 3, 3)
+    for i in range(3):
+        np.testing.assert_array_equal(batch['full_observations'][:, 2, 2, i, 0], starts + i)
+        np.testing.assert_array_equal(batch['next_observations'][:, 2, 2, i, 0], starts + i + 1)
+
+
+def test_frame_stack_clamps_at_episode_starts():
+    dataset = tagged_dataset(LENGTHS, frame_stack=3, obs_dim=1)
+    batch = dataset.sample(256)
+    starts = np.concatenate([[0], np.cumsum(LENGTHS)[:-1]])
+    t = batch['observations'][:, -1].astype(int)
+    episode_start = starts[np.searchsorted(starts, t, side='right') - 1]
+    expected = np.stack([np.maximum(t - 2, episode_start), np.maximum(t - 1, episode_start), t], axis=1)
+    np.testing.assert_array_equal(batch['observations'], expected)
+    expected_next = np.concatenate([expected[:, 1:], t[:, None] + 0.5], axis=1)
+    np.testing.assert_array_equal(batch['next_observations'], expected_next)
+
+    seq = dataset.sample_sequence(64, 2, GAMMA)
+    assert seq['full_observations'].shape == (64, 2, 3)
+    np.testing.assert_array_equal(seq['observations'], seq['full_observations'][:, 0])
+
+
+def test_augmentation_keeps_shapes_and_crops_consistently():
+    dataset = tagged_dataset(LENGTHS, image_shape=(12, 12, 3), p_aug=1.0)
+    # Give every pixel a distinct value so that a shifted crop is visible.
+    ramp = np.arange(144, dtype=np.uint8).reshape(12, 12, 1)
+    obs = np.broadcast_to(ramp, (dataset.size, 12, 12, 3)).copy()
+    dataset = Dataset.create(p_aug=1.0, seed=0, **{**dataset, 'observations': obs, 'next_observations': obs})
+    batch = dataset.sample_sequence(32, 2, GAMMA)
+    assert batch['observations'].shape == (32, 12, 12, 3) and batch['observations'].dtype == np.uint8
+    assert batch['full_observations'].shape == (32, 12, 12, 2, 3)
+    np.testing.assert_array_equal(batch['observations'], batch['full_observations'][..., 0, :])
+    np.testing.assert_array_equal(batch['next_observations'][..., 0, :], batch['full_observations'][..., 1, :])
+    assert not np.all(batch['observations'] == ramp)
+    single = dataset.sample(32)
+    assert single['observations'].shape == (32, 12, 12, 3)
+
+
+def test_dataset_is_frozen_and_copy_replaces_fields():
+    dataset = tagged_dataset(LENGTHS)
+    with pytest.raises(ValueError):
+        dataset['rewards'][0] = 5.0
+    shifted = dataset.copy(add_or_replace=dict(rewards=dataset['rewards'] - 1.0))
+    np.testing.assert_array_equal(shifted['rewards'], dataset['rewards'] - 1.0)
+    np.testing.assert_array_equal(shifted['observations'], dataset['observations'])
+    assert shifted.size == dataset.size
+    np.testing.assert_allclose(dataset.get_subset(np.array([3, 4]))['actions'][:, 0], [0.003, 0.004], rtol=1e-6)
+
+
+def transition(t, terminal=False):
+    return dict(
+        observations=np.full(3, t, np.float32),
+        actions=np.full(2, t / 1000.0, np.float32),
+        rewards=np.float32(t + 1),
+        terminals=np.float32(terminal),
+        masks=np.float32(1.0),
+        next_observations=np.full(3, t + 0.5, np.float32),
+    )
+
+
+def test_replay_buffer_before_and_after_wrap_around():
+    buffer = ReplayBuffer.create(transition(0), size=10, seed=0)
+    for t in range(7):
+        buffer.add_transition(transition(t))
+    assert buffer.size == 7 and buffer.pointer == 7
+    batch = buffer.sample_sequence(256, 3, GAMMA)
+    starts = batch['observations'][:, 0].astype(int)
+    assert set(starts) == set(range(5))
+
+    for t in range(7, 15):
+        buffer.add_transition(transition(t))
+    # Full: size equals the capacity and the oldest stored step is 5, at the write pointer.
+    assert buffer.size == 10 and buffer.pointer == 5
+    batch = buffer.sample_sequence(2000, 3, GAMMA)
+    starts = batch['observations'][:, 0].astype(int)
+    assert set(starts) == set(range(5, 13))
+    steps = batch['full_observations'][..., 0]
+    # Chunks are contiguous in time, also across the end of the storage array (step 9 -> 10 wraps from the last
+    # slot to slot 0), and never join the newest step (14) to the oldest (5).
+    np.testing.assert_array_equal(np.diff(steps, axis=1), 1.0)
+    assert np.any((steps[:, 0] <= 9) & (steps[:, -1] >= 10))
+    for b in range(0, 2000, 37):
+        expected = [sum(GAMMA**j * (starts[b] + j + 1) for j in range(i + 1)) for i in range(3)]
+        np.testing.assert_allclose(batch['rewards'][b], expected, rtol=1e-6)
+    single = buffer.sample(500)
+    assert set(single['observations'][:, 0].astype(int)) == set(range(5, 15))
+
+    buffer.clear()
+    assert buffer.size == 0 and buffer.pointer == 0
+
+
+def test_frame_stack_in_a_full_buffer_never_reaches_past_the_oldest_step():
+    buffer = ReplayBuffer.create(transition(0), size=6, frame_stack=3, seed=0)
+    for t in range(9):
+        buffer.add_transition(transition(t))
+    batch = buffer.sample(200)
+    t = batch['observations'][:, -1].astype(int)
+    oldest = 3
+    expected = np.stack([np.maximum(t - 2, oldest), np.maximum(t - 1, oldest), t], axis=1)
+    np.testing.assert_array_equal(batch['observations'][:, [0, 3, 6]], expected)
+
+
+def test_replay_buffer_from_initial_dataset_continues_the_offline_data():
+    dataset = Dataset.create(**tagged_episodes((4, 2)))
+    buffer = ReplayBuffer.create_from_initial_dataset(dataset, size=10, seed=0)
+    assert buffer.size == 6 and buffer.pointer == 6 and buffer.max_size == 10
+    np.testing.assert_array_equal(buffer['observations'][:6], dataset['observations'])
+    buffer.add_transition(transition(6))
+    buffer.add_transition(transition(7, terminal=True))
+    assert buffer.size == 8
+    np.testing.assert_array_equal(buffer['observations'][:8, 0], np.arange(8))
+    batch = buffer.sample_sequence(300, 2, GAMMA)
+    assert set(batch['observations'][:, 0].astype(int)) == set(range(7))
+    # The offline data is untouched and still read-only.
+    assert not dataset['observations'].flags.writeable
+    with pytest.raises(ValueError):
+        ReplayBuffer.create_from_initial_dataset(dataset, size=4)

@@ -1,0 +1,249 @@
+"""Transition datasets and the replay buffer, with chunked (sequence) sampling for action-chunked agents.
+
+Indices come in two kinds. A *physical* index addresses the storage arrays. A *logical* index counts stored
+transitions from the oldest one, in time order. For a `Dataset` both are the same; a full `ReplayBuffer` is a ring,
+and its oldest transition sits at the write pointer. Sampling works on logical indices so that a chunk never joins
+the newest transition to the oldest.
+"""
+
+from collections.abc import Mapping
+
+import jax
+import numpy as np
+
+AUG_PADDING = 4  # Pixels of edge padding before a random crop back to the original size.
+
+
+def get_size(data):
+    """Number of transitions: the largest leading dimension among the arrays of `data`."""
+    return max(len(arr) for arr in jax.tree_util.tree_leaves(data))
+
+
+def random_crop(images, rng, padding=AUG_PADDING):
+    """Randomly crops every image of a batch by up to `padding` pixels (edge padding keeps the size).
+
+    `images` is a list of arrays that share the leading batch axis and have (h, w) as axes 1 and 2; each sample
+    gets one crop offset, applied to all arrays so that observations and next observations stay aligned.
+    """
+    batch_size, height, width = images[0].shape[:3]
+    dy = rng.integers(0, 2 * padding + 1, size=batch_size)
+    dx = rng.integers(0, 2 * padding + 1, size=batch_size)
+    rows = (dy[:, None] + np.arange(height))[:, :, None]  # (B, h, 1)
+    cols = (dx[:, None] + np.arange(width))[:, None, :]  # (B, 1, w)
+    batch = np.arange(batch_size)[:, None, None]
+    out = []
+    for img in images:
+        pad = [(0, 0), (padding, padding), (padding, padding)] + [(0, 0)] * (img.ndim - 3)
+        out.append(np.pad(img, pad, mode='edge')[batch, rows, cols])
+    return out
+
+
+class Dataset(Mapping):
+    """An immutable mapping from field names to NumPy arrays of equal length, with its own random generator.
+
+    Fields used by the samplers: `observations`, `actions`, `rewards`, `masks` (0 where the episode terminated
+    by success/failure, so no bootstrapping), `terminals` (1 at the last step of every episode, time limits
+    included) and `next_observations`.
+    """
+
+    def __init__(self, fields, frame_stack=None, p_aug=None, seed=None):
+        self._dict = dict(fields)
+        self.size = get_size(self._dict)
+        self.frame_stack = frame_stack
+        self.p_aug = p_aug
+        self.rng = np.random.default_rng(seed)
+
+    @classmethod
+    def create(cls, freeze=True, frame_stack=None, p_aug=None, seed=None, **fields):
+        """Builds a dataset from arrays given as keyword arguments.
+
+        Args:
+            freeze: Make the arrays read-only so that no caller changes the data by accident.
+            frame_stack: Number of consecutive observations to concatenate on the last axis (None: no stacking).
+            p_aug: Probability that a sampled batch of images is randomly cropped (None: never).
+            seed: Seed of the dataset's own random generator.
+            **fields: The arrays; `observations` is required.
+        """
+        if 'observations' not in fields:
+            raise ValueError('A dataset needs an `observations` field.')
+        fields = {k: np.asarray(v) for k, v in fields.items()}
+        if freeze:
+            for arr in fields.values():
+                arr.setflags(write=False)
+        return cls(fields, frame_stack=frame_stack, p_aug=p_aug, seed=seed)
+
+    def __getitem__(self, key):
+        return self._dict[key]
+
+    def __iter__(self):
+        return iter(self._dict)
+
+    def __len__(self):
+        return len(self._dict)
+
+    def copy(self, add_or_replace=None):
+        """A new dataset with some fields added or replaced, the same options and a generator in the same state."""
+        fields = dict(self._dict)
+        fields.update(add_or_replace or {})
+        new = Dataset(fields, frame_stack=self.frame_stack, p_aug=self.p_aug)
+        new.rng.bit_generator.state = self.rng.bit_generator.state
+        return new
+
+    def seed(self, seed):
+        """Reseeds the dataset's random generator."""
+        self.rng = np.random.default_rng(seed)
+
+    # Index bookkeeping (overridden by the replay buffer).
+
+    def _physical(self, logical):
+        return logical
+
+    def get_subset(self, idxs):
+        """Fields at the given physical indices."""
+        return {k: v[idxs] for k, v in self._dict.items()}
+
+    def _frame_indices(self, logical):
+        """Logical indices of the `frame_stack` frames ending at `logical`, oldest first, clamped at episode starts."""
+        terminals = self._dict['terminals']
+        frames = [logical]
+        cur = logical
+        blocked = np.zeros(np.shape(logical), dtype=bool)
+        for _ in range(self.frame_stack - 1):
+            # `cur` starts an episode when it is the oldest stored step or the step before it was terminal.
+            prev = np.maximum(cur - 1, 0)
+            blocked |= (cur == 0) | (terminals[self._physical(prev)] > 0)
+            cur = np.where(blocked, cur, prev)
+            frames.append(cur)
+        return frames[::-1]
+
+    def _stacked_observations(self, logical):
+        """Observations and next observations at `logical` (any shape), frame-stacked if enabled."""
+        obs, next_obs = self._dict['observations'], self._dict['next_observations']
+        if self.frame_stack is None:
+            phys = self._physical(logical)
+            return obs[phys], next_obs[phys]
+        frames = [self._physical(f) for f in self._frame_indices(logical)]
+        stacked = np.concatenate([obs[f] for f in frames], axis=-1)
+        next_stacked = np.concatenate([obs[f] for f in frames[1:]] + [next_obs[frames[-1]]], axis=-1)
+        return stacked, next_stacked
+
+    def _augment(self, batch, keys):
+        if self.p_aug is not None and self.rng.random() < self.p_aug:
+            cropped = random_crop([batch[k] for k in keys], self.rng)
+            batch.update(zip(keys, cropped))
+
+    def sample(self, batch_size, idxs=None):
+        """Samples single transitions, uniformly over stored ones unless physical `idxs` are given."""
+        if idxs is None:
+            logical = self.rng.integers(0, self.size, size=batch_size)
+            idxs = self._physical(logical)
+        else:
+            idxs = np.asarray(idxs)
+            logical = self._logical(idxs)
+        batch = self.get_subset(idxs)
+        if self.frame_stack is not None:
+            batch['observations'], batch['next_observations'] = self._stacked_observations(logical)
+        if batch['observations'].ndim >= 4:
+            self._augment(batch, ['observations', 'next_observations'])
+        return batch
+
+    def _logical(self, physical):
+        return physical
+
+    def sample_sequence(self, batch_size, sequence_length, discount):
+        """Samples chunks of `sequence_length` consecutive transitions (start uniform over valid starts).
+
+        Returns a dict (H = sequence_length):
+            observations (B, ...): observation at the chunk start.
+            full_observations (B, H, obs) for states, (B, h, w, H, c) for images: observation at every step.
+            actions (B, H, A), next_actions (B, H, A): action at every step and at the step after it (the step's
+                own action after the newest transition; meaningless once an episode has ended).
+            next_observations: like full_observations, one step later.
+            rewards (B, H): discounted partial returns, rewards[:, i] = sum_{j<=i} discount^j r_j.
+            masks (B, H): running minimum of the per-step masks (0 once the episode terminated).
+            terminals (B, H): running maximum of the per-step terminals (1 once the episode ended).
+            valid (B, H): 1 at step 0 and 1 - terminals[:, i-1] after, so steps past an episode end are invalid.
+        """
+        if self.size < sequence_length:
+            raise ValueError(f'Cannot sample chunks of {sequence_length} steps from {self.size} transitions.')
+        starts = self.rng.integers(0, self.size - sequence_length + 1, size=batch_size)
+        logical = starts[:, None] + np.arange(sequence_length)  # (B, H)
+        phys = self._physical(logical)
+        next_phys = self._physical(np.minimum(logical + 1, self.size - 1))
+
+        step_rewards = self._dict['rewards'][phys].astype(np.float64)  # (B, H)
+        rewards = np.cumsum(step_rewards * discount ** np.arange(sequence_length), axis=1)
+        masks = np.minimum.accumulate(self._dict['masks'][phys].astype(np.float32), axis=1)
+        terminals = np.maximum.accumulate(self._dict['terminals'][phys].astype(np.float32), axis=1)
+        valid = np.concatenate([np.ones((batch_size, 1), np.float32), 1.0 - terminals[:, :-1]], axis=1)
+
+        full_observations, next_observations = self._stacked_observations(logical)  # (B, H, ...)
+        batch = dict(
+            observations=full_observations[:, 0],
+            full_observations=full_observations,
+            actions=self._dict['actions'][phys],  # (B, H, A)
+            next_actions=self._dict['actions'][next_phys],  # (B, H, A)
+            next_observations=next_observations,
+            rewards=rewards.astype(np.float32),
+            masks=masks,
+            terminals=terminals,
+            valid=valid,
+        )
+        if full_observations.ndim >= 5:
+            # Images: (B, H, h, w, c) -> (B, h, w, H, c), the layout the encoders expect per step.
+            batch['full_observations'] = np.moveaxis(full_observations, 1, -2)
+            batch['next_observations'] = np.moveaxis(next_observations, 1, -2)
+            self._augment(batch, ['observations', 'full_observations', 'next_observations'])
+        return batch
+
+
+class ReplayBuffer(Dataset):
+    """A fixed-capacity ring buffer of transitions; once full, each new transition overwrites the oldest."""
+
+    def __init__(self, fields, frame_stack=None, p_aug=None, seed=None):
+        super().__init__(fields, frame_stack=frame_stack, p_aug=p_aug, seed=seed)
+        self.max_size = self.size
+        self.size = 0
+        self.pointer = 0
+
+    @classmethod
+    def create(cls, transition, size, frame_stack=None, p_aug=None, seed=None):
+        """An empty buffer of capacity `size` whose fields have the shapes and dtypes of `transition`."""
+        fields = {k: np.zeros((size, *np.shape(v)), dtype=np.asarray(v).dtype) for k, v in transition.items()}
+        return cls(fields, frame_stack=frame_stack, p_aug=p_aug, seed=seed)
+
+    @classmethod
+    def create_from_initial_dataset(cls, init_dataset, size, frame_stack=None, p_aug=None, seed=None):
+        """A buffer of capacity `size` holding a copy of `init_dataset`; new transitions are written after it."""
+        n = get_size(init_dataset)
+        if n > size:
+            raise ValueError(f'The initial dataset ({n} transitions) does not fit a buffer of capacity {size}.')
+        fields = {}
+        for k, v in init_dataset.items():
+            fields[k] = np.zeros((size, *v.shape[1:]), dtype=v.dtype)
+            fields[k][:n] = v
+        buffer = cls(fields, frame_stack=frame_stack, p_aug=p_aug, seed=seed)
+        buffer.size = n
+        buffer.pointer = n % size
+        return buffer
+
+    def _physical(self, logical):
+        if self.size < self.max_size:
+            return logical
+        return (logical + self.pointer) % self.max_size
+
+    def _logical(self, physical):
+        if self.size < self.max_size:
+            return physical
+        return (physical - self.pointer) % self.max_size
+
+    def add_transition(self, transition):
+        """Writes one transition at the pointer, overwriting the oldest one when full."""
+        for k, v in transition.items():
+            self._dict[k][self.pointer] = v
+        self.pointer = (self.pointer + 1) % self.max_size
+        self.size = min(self.size + 1, self.max_size)
+
+    def clear(self):
+        """Forgets every stored transition (the storage is kept)."""
+        self.size = self.pointer = 0

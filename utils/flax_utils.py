@@ -1,0 +1,155 @@
+"""Flax helpers shared by every agent: a dictionary of modules, a train state and params checkpoints."""
+
+import functools
+import glob
+import os
+import pickle
+import tempfile
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+
+nonpytree_field = functools.partial(flax.struct.field, pytree_node=False)
+
+
+class ModuleDict(nn.Module):
+    """Holds several named modules under one set of params.
+
+    Called without `name` (only at init) it runs every module on its own example inputs given as keyword arguments;
+    called with `name` it runs that one module, or its method `method_name` when given.
+    """
+
+    modules: dict[str, nn.Module]
+
+    @nn.compact
+    def __call__(self, *args, name=None, method_name=None, **kwargs):
+        if name is not None:
+            module = self.modules[name]
+            return (module if method_name is None else getattr(module, method_name))(*args, **kwargs)
+        if set(kwargs) != set(self.modules):
+            raise ValueError(
+                f'Init needs inputs for exactly these modules: {sorted(self.modules)}, got {sorted(kwargs)}'
+            )
+        out = {}
+        for key, value in kwargs.items():
+            if isinstance(value, Mapping):
+                out[key] = self.modules[key](**value)
+            elif isinstance(value, Sequence):
+                out[key] = self.modules[key](*value)
+            else:
+                out[key] = self.modules[key](value)
+        return out
+
+
+class TrainState(flax.struct.PyTreeNode):
+    """Params, optimizer state and the module definition.
+
+    Calling the state runs the module with the stored params unless `params=` is given, so a loss differentiates
+    only the calls that receive `params=grad_params`.
+    """
+
+    step: int
+    apply_fn: Any = nonpytree_field()
+    model_def: Any = nonpytree_field()
+    params: Any
+    tx: Any = nonpytree_field()
+    opt_state: Any
+
+    @classmethod
+    def create(cls, model_def, params, tx=None, **kwargs):
+        """Builds a state for `model_def` with `params` and optimizer `tx` (None for a frozen module)."""
+        opt_state = tx.init(params) if tx is not None else None
+        return cls(
+            step=1, apply_fn=model_def.apply, model_def=model_def, params=params, tx=tx, opt_state=opt_state, **kwargs
+        )
+
+    def __call__(self, *args, params=None, **kwargs):
+        """Runs the module, with the stored params unless `params` is given."""
+        if params is None:
+            params = self.params
+        return self.apply_fn({'params': params}, *args, **kwargs)
+
+    def select(self, name, method_name=None):
+        """Returns a callable running the sub-module `name` of a ModuleDict (or its method `method_name`)."""
+        if method_name is None:
+            return functools.partial(self, name=name)
+        return functools.partial(self, name=name, method_name=method_name)
+
+    def apply_gradients(self, grads, **kwargs):
+        """One optimizer step."""
+        updates, new_opt_state = self.tx.update(grads, self.opt_state, self.params)
+        new_params = optax.apply_updates(self.params, updates)
+        return self.replace(step=self.step + 1, params=new_params, opt_state=new_opt_state, **kwargs)
+
+    def apply_loss_fn(self, loss_fn):
+        """Differentiates `loss_fn(params) -> (loss, info)`, steps the optimizer, adds gradient statistics to info."""
+        grads, info = jax.grad(loss_fn, has_aux=True)(self.params)
+        leaves = jax.tree_util.tree_leaves(grads)
+        info = dict(info)
+        info['grad/max'] = jnp.max(jnp.stack([jnp.max(g) for g in leaves]))
+        info['grad/min'] = jnp.min(jnp.stack([jnp.min(g) for g in leaves]))
+        info['grad/norm'] = jnp.sqrt(sum(jnp.sum(jnp.square(g)) for g in leaves))
+        return self.apply_gradients(grads=grads), info
+
+
+def target_update(network, module_name, tau):
+    """Polyak-averages `modules_<name>` into `modules_target_<name>` and returns the new params tree."""
+    new_target = jax.tree_util.tree_map(
+        lambda p, tp: p * tau + tp * (1 - tau),
+        network.params[f'modules_{module_name}'],
+        network.params[f'modules_target_{module_name}'],
+    )
+    params = dict(network.params)
+    params[f'modules_target_{module_name}'] = new_target
+    return params
+
+
+def scan_updates(update_fn, agent, batches):
+    """Applies `update_fn(agent, batch) -> (agent, info)` over the leading axis of `batches`; infos are averaged."""
+    agent, infos = jax.lax.scan(update_fn, agent, batches)
+    return agent, jax.tree_util.tree_map(lambda x: x.mean(axis=0), infos)
+
+
+def atomic_write_bytes(path, data):
+    """Writes `data` to `path` so that a reader sees either the old file or the complete new one."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp_path = tempfile.mkstemp(dir=directory, prefix='.tmp_', suffix=os.path.basename(path))
+    try:
+        with os.fdopen(fd, 'wb') as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp_path, path)
+    except BaseException:
+        if os.path.exists(tmp_path):
+            os.remove(tmp_path)
+        raise
+
+
+def save_agent(agent, save_dir, step):
+    """Saves the agent's state (params, optimizer state, rng) to `<save_dir>/params_<step>.pkl`, atomically."""
+    state = jax.device_get(flax.serialization.to_state_dict(agent))
+    path = os.path.join(save_dir, f'params_{step}.pkl')
+    atomic_write_bytes(path, pickle.dumps(dict(agent=state)))
+    return path
+
+
+def restore_agent_with_file(agent, file_path):
+    """Loads a `params_<step>.pkl` file into an agent created with the same config."""
+    with open(file_path, 'rb') as f:
+        load_dict = pickle.load(f)
+    return flax.serialization.from_state_dict(agent, load_dict['agent'])
+
+
+def restore_agent(agent, restore_path, restore_step):
+    """Loads `params_<restore_step>.pkl` from the one directory matching the glob `restore_path`."""
+    candidates = glob.glob(restore_path)
+    if len(candidates) != 1:
+        raise FileNotFoundError(f'Expected exactly one directory matching {restore_path!r}, found {len(candidates)}')
+    return restore_agent_with_file(agent, os.path.join(candidates[0], f'params_{restore_step}.pkl'))

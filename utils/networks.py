@@ -1,0 +1,112 @@
+"""Networks of the flow agents: MLPs, critic ensembles and the flow velocity field."""
+
+from collections.abc import Sequence
+from typing import Any
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+
+def default_init(scale=1.0):
+    """Variance-scaling (fan-avg, uniform) initializer used by every dense layer."""
+    return nn.initializers.variance_scaling(scale, 'fan_avg', 'uniform')
+
+
+def ensemblize(cls, num_qs, in_axes=None, out_axes=0, **kwargs):
+    """Turns a module class into an ensemble of `num_qs` independent copies (vmapped params, shared inputs)."""
+    return nn.vmap(
+        cls,
+        variable_axes={'params': 0},
+        split_rngs={'params': True},
+        in_axes=in_axes,
+        out_axes=out_axes,
+        axis_size=num_qs,
+        **kwargs,
+    )
+
+
+class MLP(nn.Module):
+    """Dense layers with GELU; layer norm after each hidden activation when `layer_norm`."""
+
+    hidden_dims: Sequence[int]
+    activations: Any = nn.gelu
+    activate_final: bool = False
+    kernel_init: Any = default_init()
+    layer_norm: bool = False
+
+    @nn.compact
+    def __call__(self, x):
+        for i, size in enumerate(self.hidden_dims):
+            x = nn.Dense(size, kernel_init=self.kernel_init)(x)
+            if i + 1 < len(self.hidden_dims) or self.activate_final:
+                x = self.activations(x)
+                if self.layer_norm:
+                    x = nn.LayerNorm()(x)
+        return x
+
+
+class FourierFeatures(nn.Module):
+    """Maps a scalar time to `output_size` sin/cos features (random learnable frequencies, or fixed log-spaced)."""
+
+    output_size: int = 64
+    learnable: bool = True
+
+    @nn.compact
+    def __call__(self, x):
+        half = self.output_size // 2
+        if self.learnable:
+            w = self.param('kernel', nn.initializers.normal(0.2), (half, x.shape[-1]), jnp.float32)
+            f = 2 * jnp.pi * x @ w.T
+        else:
+            scale = jnp.log(10000.0) / (half - 1)
+            f = x * jnp.exp(jnp.arange(half) * -scale)
+        return jnp.concatenate([jnp.cos(f), jnp.sin(f)], axis=-1)
+
+
+class Value(nn.Module):
+    """Critic ensemble: `num_ensembles` MLPs on concat(encoded observations, actions), output (num_ensembles, ...)."""
+
+    hidden_dims: Sequence[int]
+    layer_norm: bool = True
+    num_ensembles: int = 2
+    encoder: nn.Module | None = None
+
+    def setup(self):
+        mlp_class = MLP
+        if self.num_ensembles > 1:
+            mlp_class = ensemblize(mlp_class, self.num_ensembles)
+        self.value_net = mlp_class((*self.hidden_dims, 1), activate_final=False, layer_norm=self.layer_norm)
+
+    def __call__(self, observations, actions=None):
+        inputs = [self.encoder(observations) if self.encoder is not None else observations]
+        if actions is not None:
+            inputs.append(actions)
+        return self.value_net(jnp.concatenate(inputs, axis=-1)).squeeze(-1)
+
+
+class ActorVectorField(nn.Module):
+    """Flow velocity field v(s, x_t, t); without `times` it is the one-step policy mu(s, z)."""
+
+    hidden_dims: Sequence[int]
+    action_dim: int
+    layer_norm: bool = False
+    encoder: nn.Module | None = None
+    use_fourier_features: bool = False
+    fourier_feature_dim: int = 64
+
+    def setup(self):
+        self.mlp = MLP((*self.hidden_dims, self.action_dim), activate_final=False, layer_norm=self.layer_norm)
+        if self.use_fourier_features:
+            self.ff = FourierFeatures(self.fourier_feature_dim)
+
+    def encode(self, observations):
+        """Observation features (the observations themselves without an encoder), to reuse across flow steps."""
+        return self.encoder(observations) if self.encoder is not None else observations
+
+    def __call__(self, observations, actions, times=None, is_encoded=False):
+        if self.encoder is not None and not is_encoded:
+            observations = self.encoder(observations)
+        inputs = [observations, actions]
+        if times is not None:
+            inputs.append(self.ff(times) if self.use_fourier_features else times)
+        return self.mlp(jnp.concatenate(inputs, axis=-1))
