@@ -190,17 +190,17 @@ def test_frame_stack_in_a_full_buffer_never_reaches_past_the_oldest_step():
 
 
 def test_replay_buffer_from_initial_dataset_continues_the_offline_data():
-    dataset = Dataset.create(**tagged_episodes((4, 2)))
+    dataset = Dataset.create(**tagged_episodes((4, 3)))  # 7 transitions (and 6 fields: sizes must not mix up).
     buffer = ReplayBuffer.create_from_initial_dataset(dataset, size=10, seed=0)
-    assert buffer.size == 6 and buffer.pointer == 6 and buffer.max_size == 10
-    np.testing.assert_array_equal(buffer['observations'][:6], dataset['observations'])
-    buffer.add_transition(transition(6))
-    buffer.add_transition(transition(7, terminal=True))
-    assert buffer.size == 8
-    np.testing.assert_array_equal(buffer['observations'][:8, 0], np.arange(8))
+    assert buffer.size == 7 and buffer.pointer == 7 and buffer.max_size == 10
+    np.testing.assert_array_equal(buffer['observations'][:7], dataset['observations'])
+    buffer.add_transition(transition(7))
+    buffer.add_transition(transition(8, terminal=True))
+    assert buffer.size == 9
+    np.testing.assert_array_equal(buffer['observations'][:9, 0], np.arange(9))
     batch = buffer.sample_sequence(300, 2, GAMMA)
-    assert set(batch['observations'][:, 0].astype(int)) == set(range(7))
+    assert set(batch['observations'][:, 0].astype(int)) == set(range(8))
     # The offline data is untouched and still read-only.
     assert not dataset['observations'].flags.writeable
     with pytest.raises(ValueError):
-        ReplayBuffer.create_from_initial_dataset(dataset, size=4)
+        ReplayBuffer.create_from_initial_dataset(dataset, size=6)

@@ -16,7 +16,7 @@ AUG_PADDING = 4  # Pixels of edge padding before a random crop back to the origi
 
 def get_size(data):
     """Number of transitions: the largest leading dimension among the arrays of `data`."""
-    return max(len(arr) for arr in jax.tree_util.tree_leaves(data))
+    return max(len(arr) for arr in jax.tree_util.tree_leaves(dict(data)))
 
 
 def random_crop(images, rng, padding=AUG_PADDING):

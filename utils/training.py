@@ -1,0 +1,396 @@
+"""Pieces shared by the drivers (`main.py`, `main_online.py`): checks, data processing, the online actor, logging.
+
+Nothing here knows about a particular agent or environment: agents come from the config's `agent_name`, and
+environment quirks (reward shifts, state export) live in `envs/`.
+"""
+
+import os
+import pickle
+import sys
+import time
+
+import jax
+import numpy as np
+import tqdm
+from absl import flags
+from ml_collections import config_flags
+
+from utils.datasets import Dataset
+
+
+class UsageError(Exception):
+    """A bad flag or input; the drivers print its one-line message and exit non-zero without a traceback."""
+
+
+def exit_on_user_errors(main_fn):
+    """Wraps an absl `main(argv)` so user errors end with one line on stderr and exit status 2."""
+    from envs.env_utils import EnvError
+
+    def wrapped(argv):
+        try:
+            return main_fn(argv)
+        except (UsageError, EnvError) as e:
+            print(f'error: {e}', file=sys.stderr, flush=True)
+            sys.exit(2)
+
+    return wrapped
+
+
+def check_flags(flags_obj, int_at_least, proportions=()):
+    """Refuses flags below their minimum (`{name: minimum}`) and proportions outside (0, 1]."""
+    for name, minimum in int_at_least.items():
+        value = getattr(flags_obj, name)
+        if value is None or value < minimum:
+            raise UsageError(f'--{name} must be >= {minimum}, got {value}')
+    for name in proportions:
+        value = getattr(flags_obj, name)
+        if not 0.0 < value <= 1.0:
+            raise UsageError(f'--{name} must be in (0, 1], got {value}')
+
+
+def _given_on_command_line(name, argv):
+    return any(arg == f'--{name}' or arg.startswith(f'--{name}=') for arg in argv)
+
+
+def resolve_agent_config(config, flags_obj, argv):
+    """The agent config with `horizon_length` and `discount` taken from the driver flags (one source of truth).
+
+    `--agent.horizon_length` / `--agent.discount` are accepted when the driver flag is not given, and refused when
+    both are given with different values.
+    """
+    config = config.copy_and_resolve_references()
+    for name in ('horizon_length', 'discount'):
+        flag_value = getattr(flags_obj, name)
+        if _given_on_command_line(f'agent.{name}', argv):
+            if _given_on_command_line(name, argv) and config[name] != flag_value:
+                raise UsageError(
+                    f'--{name}={flag_value} and --agent.{name}={config[name]} disagree; give only --{name}'
+                )
+            continue
+        config[name] = flag_value
+    if config['horizon_length'] is None or config['horizon_length'] < 1:
+        raise UsageError(f'--horizon_length must be >= 1, got {config["horizon_length"]}')
+    return config
+
+
+def sparsify_rewards(rewards):
+    """Sparse rewards of the paper's scene/puzzle runs: -1 on every step that is not a success step, else 0."""
+    return (np.asarray(rewards) != 0.0) * -1.0
+
+
+def process_dataset(dataset, dataset_proportion=1.0, sparse=False):
+    """Keeps the first `dataset_proportion` of the transitions and optionally sparsifies the rewards."""
+    fields = dict(dataset)
+    if dataset_proportion < 1.0:
+        new_size = int(dataset.size * dataset_proportion)
+        fields = {k: v[:new_size] for k, v in fields.items()}
+    if sparse:
+        fields['rewards'] = sparsify_rewards(fields['rewards']).astype(np.float32)
+    new = Dataset.create(frame_stack=dataset.frame_stack, p_aug=dataset.p_aug, **fields)
+    new.rng.bit_generator.state = dataset.rng.bit_generator.state
+    return new
+
+
+def create_agent(agent_classes, config, seed, dataset):
+    """Builds the agent named by `config.agent_name` from example observations/actions of `dataset`."""
+    name = config.get('agent_name')
+    if name not in agent_classes:
+        raise UsageError(f'unknown agent_name {name!r} in the agent config; known: {", ".join(sorted(agent_classes))}')
+    example = dataset.sample(1)
+    try:
+        return agent_classes[name].create(seed, example['observations'], example['actions'], config)
+    except ValueError as e:
+        raise UsageError(str(e)) from e
+
+
+def is_eval_step(step, last_step, eval_interval):
+    """Evaluate every `eval_interval` steps and once after the last step of a phase (never twice on one step)."""
+    return step == last_step or (eval_interval > 0 and step % eval_interval == 0)
+
+
+def every(step, interval):
+    """True on multiples of a positive `interval`."""
+    return interval > 0 and step % interval == 0
+
+
+class OnlineActor:
+    """Acts in an environment with open-loop action chunks and turns each step into a replay transition.
+
+    A new chunk is sampled only when the action queue is empty; the queue is cleared whenever an episode ends.
+    With `state_fn`, `last_state` holds the simulator state each step reached, taken before any reset.
+    """
+
+    def __init__(self, env, action_dim, seed, reward_fn=None, state_fn=None):
+        self.env = env
+        self.action_dim = action_dim
+        self.reward_fn = reward_fn
+        self.state_fn = state_fn
+        self.last_state = None
+        self.rng = jax.random.PRNGKey(seed)
+        self.queue = []
+        self.observation, _ = env.reset()
+
+    def _next_action(self, agent):
+        if not self.queue:
+            self.rng, key = jax.random.split(self.rng)
+            chunk = np.asarray(agent.sample_actions(observations=self.observation, rng=key))
+            self.queue = list(chunk.reshape(-1, self.action_dim))
+        return self.queue.pop(0)
+
+    def random_action(self, rng):
+        """A uniform random action in [-1, 1] (used before training starts)."""
+        return rng.uniform(-1.0, 1.0, size=self.action_dim).astype(np.float32)
+
+    def step(self, agent=None, action=None):
+        """Takes one env step with `action`, or with the agent's queued chunk. Returns (transition, info, done)."""
+        if action is None:
+            action = self._next_action(agent)
+        next_observation, reward, terminated, truncated, info = self.env.step(np.clip(action, -1.0, 1.0))
+        if self.state_fn is not None:
+            self.last_state = self.state_fn(self.env)
+        if self.reward_fn is not None:
+            reward = self.reward_fn(reward)
+        done = terminated or truncated
+        transition = dict(
+            observations=self.observation,
+            actions=np.asarray(action, dtype=np.float32),
+            rewards=np.float32(reward),
+            terminals=np.float32(done),
+            masks=np.float32(1.0 - terminated),
+            next_observations=next_observation,
+        )
+        if done:
+            self.observation, _ = self.env.reset()
+            self.queue = []
+        else:
+            self.observation = next_observation
+        return transition, info, done
+
+
+def episode_metrics(info):
+    """Scalar episode statistics from the EpisodeMonitor's `info['episode']` (and the final `success`)."""
+    metrics = {}
+    for key, value in info.get('episode', {}).items():
+        if np.ndim(value) == 0:
+            metrics[f'episode.{key}'] = float(value)
+    if 'success' in info and np.ndim(info['success']) == 0:
+        metrics['episode.success'] = float(info['success'])
+    return metrics
+
+
+def scalar_info(info):
+    """Python floats of a JAX/NumPy info dict (one device-to-host transfer)."""
+    return {k: float(v) for k, v in jax.device_get(info).items()}
+
+
+def run_dir_for(save_dir, run_group, exp_name):
+    """The directory `save_dir/run_group/exp_name` (empty parts skipped), created; refuses an unwritable location."""
+    run_dir = os.path.join(save_dir, *(p for p in (run_group, exp_name) if p))
+    try:
+        os.makedirs(run_dir, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f'cannot create the run directory {run_dir} ({e.strerror}); choose another --save_dir') from e
+    if not os.access(run_dir, os.W_OK):
+        raise UsageError(f'the run directory {run_dir} is not writable; choose another --save_dir')
+    return run_dir
+
+
+def define_flags(offline, buffer_size, agent_file):
+    """Defines the drivers' absl flags (the reference's names and defaults); `offline` adds the offline-phase ones."""
+    flags.DEFINE_string('run_group', 'Debug', 'Run group (folder under save_dir and wandb group).')
+    flags.DEFINE_integer('seed', 0, 'Random seed.')
+    flags.DEFINE_string('env_name', 'cube-triple-play-singletask-task2-v0', 'Environment (and dataset) name.')
+    flags.DEFINE_string('save_dir', 'exp/', 'Where run directories are created.')
+    flags.DEFINE_string('dataset_dir', None, 'Dataset location (default per family, e.g. ~/.ogbench/data).')
+    if offline:
+        flags.DEFINE_integer('offline_steps', 1000000, 'Offline gradient steps.')
+    flags.DEFINE_integer('online_steps', 1000000, 'Online environment steps.')
+    flags.DEFINE_integer('buffer_size', buffer_size, 'Replay buffer capacity.')
+    flags.DEFINE_integer('log_interval', 5000, 'Steps between training-metric logs.')
+    flags.DEFINE_integer('eval_interval', 100000, 'Steps between evaluations (0: only at the end of each phase).')
+    flags.DEFINE_integer('save_interval', -1, 'Steps between checkpoints (<= 0: none).')
+    flags.DEFINE_integer('start_training', 5000, 'Online step from which the agent is updated.')
+    flags.DEFINE_integer('utd_ratio', 1, 'Updates per online environment step (fused into one batch_update).')
+    flags.DEFINE_float('discount', 0.99, 'Discount factor (also sets the agent config).')
+    flags.DEFINE_integer('eval_episodes', 50, 'Evaluation episodes.')
+    flags.DEFINE_integer('video_episodes', 0, 'Rendered evaluation episodes.')
+    flags.DEFINE_integer('video_frame_skip', 3, 'Keep one rendered frame every this many steps.')
+    flags.DEFINE_float('dataset_proportion', 1.0, 'Fraction of the offline dataset to use (its first transitions).')
+    if offline:
+        flags.DEFINE_integer('dataset_replace_interval', 1000, 'Offline steps between dataset shards.')
+        flags.DEFINE_string('ogbench_dataset_dir', None, 'Folder of OGBench dataset shards (*.npz) to cycle through.')
+    flags.DEFINE_integer('horizon_length', 5, 'Action chunk length H (also sets the agent config).')
+    flags.DEFINE_bool('sparse', False, 'Sparse rewards: -1 on every non-success step (scene, puzzle).')
+    flags.DEFINE_bool('save_all_online_states', False, 'Save qpos/qvel (and button states) of every online step.')
+    config_flags.DEFINE_config_file('agent', agent_file, lock_config=False)
+
+
+class Trainer:
+    """One run: flags checked, run directory, environments, data, agent, loggers, and the training phases."""
+
+    def __init__(self, flags_obj, argv, agent_classes):
+        from envs.env_utils import make_env_and_datasets
+        from log_utils import Loggers, get_exp_name, get_flag_dict, save_flags, setup_wandb
+
+        self.flags = f = flags_obj
+        minimums = dict(
+            online_steps=0,
+            buffer_size=1,
+            log_interval=1,
+            eval_interval=0,
+            start_training=0,
+            utd_ratio=1,
+            eval_episodes=0,
+            video_episodes=0,
+            video_frame_skip=1,
+            horizon_length=1,
+            offline_steps=0,
+            dataset_replace_interval=0,
+        )
+        check_flags(f, {k: v for k, v in minimums.items() if k in f}, proportions=('dataset_proportion',))
+        self.config = resolve_agent_config(f.agent, f, argv)
+        for name in ('dataset_dir', 'ogbench_dataset_dir'):
+            path = getattr(f, name, None)
+            if path is not None and not os.path.isdir(path):
+                raise UsageError(f'--{name} {path} is not a directory')
+
+        group_dir = run_dir_for(f.save_dir, f.run_group, '')  # Fails early on an unwritable save_dir.
+
+        shard_dir = getattr(f, 'ogbench_dataset_dir', None)
+        self.env, self.eval_env, dataset, _ = make_env_and_datasets(
+            f.env_name, dataset_dir=f.dataset_dir, ogbench_dataset_dir=shard_dir, seed=f.seed
+        )
+        self.shards = None
+        if shard_dir is not None:
+            from envs.ogbench_utils import OGBenchShardCycler
+
+            self.shards = OGBenchShardCycler(f.env_name, shard_dir, seed=f.seed)
+        self.train_dataset = process_dataset(dataset, f.dataset_proportion, f.sparse)
+        self.agent = create_agent(agent_classes, self.config, f.seed, self.train_dataset)
+        self.action_dim = self.train_dataset['actions'].shape[-1]
+
+        # The run directory is made only once everything above was accepted.
+        self.exp_name = get_exp_name(f.seed, env_name=f.env_name)
+        self.run_dir = run_dir_for(group_dir, '', self.exp_name)
+        flag_dict = get_flag_dict()
+        flag_dict['agent'] = self.config.to_dict()
+        save_flags(self.run_dir, flag_dict)
+        wandb_run = setup_wandb(project='qc', group=f.run_group, name=self.exp_name, config=flag_dict, dir=self.run_dir)
+        self.wandb_run = wandb_run
+        self.loggers = Loggers(self.run_dir, wandb_run=wandb_run)
+        self.log_step = 0
+        self.postfix = {}
+        self.start_time = time.time()
+        self.phase_times = {}
+
+    def sample_dataset_chunks(self, batch_size):
+        """Chunks of the (processed) offline dataset at the config's horizon and discount."""
+        return self.train_dataset.sample_sequence(batch_size, self.config['horizon_length'], self.config['discount'])
+
+    def evaluate(self):
+        """Evaluates the current agent (seeds fixed per run, independent of the step) and logs `eval`."""
+        from evaluation import evaluate
+
+        f = self.flags
+        stats, _, renders = evaluate(
+            self.agent,
+            self.eval_env,
+            self.action_dim,
+            num_eval_episodes=f.eval_episodes,
+            num_video_episodes=f.video_episodes,
+            video_frame_skip=f.video_frame_skip,
+            seed=f.seed * 100_000,
+            record_trajectories=False,
+        )
+        self.loggers.log('eval', stats, self.log_step)
+        if renders:
+            self.loggers.log_video('eval', renders, self.log_step)
+        self.postfix['eval_success'] = stats.get('success', float('nan'))
+        return stats
+
+    def _after_step(self, i, last_step, prefix, info, phase_start, bar):
+        from utils.flax_utils import save_agent
+
+        f = self.flags
+        if info is not None and every(i, f.log_interval):
+            info = scalar_info(info)
+            info['time/total'] = time.time() - phase_start
+            self.loggers.log(prefix, info, self.log_step)
+            self.postfix.update(critic=info.get('critic/critic_loss'), actor=info.get('actor/actor_loss'))
+            bar.set_postfix(self.postfix, refresh=False)
+        if every(i, f.save_interval):
+            save_agent(self.agent, self.run_dir, self.log_step)
+        if is_eval_step(i, last_step, f.eval_interval):
+            self.evaluate()
+            bar.set_postfix(self.postfix, refresh=False)
+
+    def offline_phase(self):
+        """`offline_steps` updates on dataset chunks, cycling dataset shards when given."""
+        f = self.flags
+        phase_start = time.time()
+        bar = tqdm.trange(1, f.offline_steps + 1, desc='offline', dynamic_ncols=True, disable=f.offline_steps == 0)
+        for i in bar:
+            self.log_step += 1
+            if self.shards is not None and every(i, f.dataset_replace_interval):
+                self.train_dataset = process_dataset(self.shards.next(), f.dataset_proportion, f.sparse)
+            self.agent, info = self.agent.update(self.sample_dataset_chunks(self.config['batch_size']))
+            self._after_step(i, f.offline_steps, 'offline_agent', info, phase_start, bar)
+        bar.close()
+        self.phase_times['offline_time'] = time.time() - phase_start
+
+    def online_phase(self, replay_buffer, sample_batch, random_steps=0):
+        """`online_steps` environment steps with open-loop chunks, adding every transition to `replay_buffer`.
+
+        From `start_training` on, each step runs `utd_ratio` updates fused in one `batch_update` on
+        `sample_batch()`, whose leaves are shaped (utd_ratio, batch_size, ...). The first `random_steps` steps take
+        uniform random actions.
+        """
+        from envs.env_state import get_env_state
+
+        f = self.flags
+        phase_start = time.time()
+        actor = OnlineActor(
+            self.env,
+            self.action_dim,
+            seed=f.seed,
+            reward_fn=sparsify_rewards if f.sparse else None,
+            state_fn=get_env_state if f.save_all_online_states else None,
+        )
+        action_rng = np.random.default_rng(f.seed)
+        states = dict(steps=[], qpos=[], qvel=[], button_states=[])
+        bar = tqdm.trange(1, f.online_steps + 1, desc='online', dynamic_ncols=True, disable=f.online_steps == 0)
+        for i in bar:
+            self.log_step += 1
+            action = actor.random_action(action_rng) if i <= random_steps else None
+            transition, info, done = actor.step(self.agent, action=action)
+            replay_buffer.add_transition(transition)
+            if f.save_all_online_states:
+                states['steps'].append(i)
+                for key, value in actor.last_state.items():
+                    states[key].append(value)
+            if done:
+                self.loggers.log('env', episode_metrics(info), self.log_step)
+            update_info = None
+            if i >= f.start_training:
+                self.agent, update_info = self.agent.batch_update(sample_batch())
+            self._after_step(i, f.online_steps, 'online_agent', update_info, phase_start, bar)
+        bar.close()
+        self.phase_times['online_time'] = time.time() - phase_start
+        if f.save_all_online_states and states['steps']:
+            from utils.flax_utils import atomic_write_bytes
+
+            data = {k: np.stack(v) for k, v in states.items() if v}
+            data.update(self.phase_times)
+            atomic_write_bytes(os.path.join(self.run_dir, 'data.pkl'), pickle.dumps(data))
+
+    def finish(self):
+        """Closes the logs (and wandb) and says where the run is."""
+        self.loggers.close()
+        if self.wandb_run is not None:
+            self.wandb_run.finish()
+        print(f'Run finished: {self.run_dir}', flush=True)
+
+
+def stack_utd(batch, utd_ratio, batch_size):
+    """Reshapes a batch of utd_ratio * batch_size chunks into (utd_ratio, batch_size, ...) leaves."""
+    return {k: v.reshape((utd_ratio, batch_size, *v.shape[1:])) for k, v in batch.items()}
