@@ -118,7 +118,8 @@ class ACFQLAgent(flax.struct.PyTreeNode):
             return self.total_loss(batch, grad_params, rng=rng)
 
         new_network, info = self.network.apply_loss_fn(loss_fn)
-        new_network = new_network.replace(params=target_update(new_network, 'critic', self.config['tau']))
+        new_params = target_update(new_network, 'critic', self.config['tau'], source_params=self.network.params)
+        new_network = new_network.replace(params=new_params)
         return self.replace(network=new_network, rng=new_rng), info
 
     @jax.jit

@@ -149,14 +149,16 @@ def test_batch_update_equals_sequential_updates(dataset, actor_type):
     np.testing.assert_allclose(fused_info['critic/critic_loss'], mean_loss, rtol=1e-4)
 
 
-def test_target_network_moves_by_tau(dataset):
+def test_target_network_moves_by_tau_toward_the_pre_step_critic(dataset):
     agent = make_agent(dataset, tau=0.1)
-    new_agent, _ = agent.update(dataset.sample_sequence(16, H, 0.99))
-    old_target = agent.network.params['modules_target_critic']
-    new_critic = new_agent.network.params['modules_critic']
-    expected = jax.tree_util.tree_map(lambda c, t: 0.1 * c + 0.9 * t, new_critic, old_target)
-    assert_trees_close(new_agent.network.params['modules_target_critic'], expected, rtol=1e-5, atol=1e-7)
-    # The target really moved (it started equal to the critic, which changed).
+    first, _ = agent.update(dataset.sample_sequence(16, H, 0.99))
+    second, _ = first.update(dataset.sample_sequence(16, H, 0.99))
+    # As in the reference, each update averages in the critic from before its gradient step.
+    old_critic = first.network.params['modules_critic']
+    old_target = first.network.params['modules_target_critic']
+    expected = jax.tree_util.tree_map(lambda c, t: 0.1 * c + 0.9 * t, old_critic, old_target)
+    assert_trees_close(second.network.params['modules_target_critic'], expected, rtol=1e-5, atol=1e-7)
+    # The target really moved (it started equal to the critic, which changed in the first step).
     leaves = zip(jax.tree_util.tree_leaves(old_target), jax.tree_util.tree_leaves(expected))
     assert any(not np.allclose(a, b) for a, b in leaves)
 

@@ -97,11 +97,15 @@ class TrainState(flax.struct.PyTreeNode):
         return self.apply_gradients(grads=grads), info
 
 
-def target_update(network, module_name, tau):
-    """Polyak-averages `modules_<name>` into `modules_target_<name>` and returns the new params tree."""
+def target_update(network, module_name, tau, source_params):
+    """New params of `network` with `modules_target_<name>` moved a `tau` step toward `source_params`' module.
+
+    The agents pass the params from before the gradient step as `source_params`, as the reference does, so the
+    target trails the online critic by one step.
+    """
     new_target = jax.tree_util.tree_map(
         lambda p, tp: p * tau + tp * (1 - tau),
-        network.params[f'modules_{module_name}'],
+        source_params[f'modules_{module_name}'],
         network.params[f'modules_target_{module_name}'],
     )
     params = dict(network.params)

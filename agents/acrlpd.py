@@ -1,0 +1,219 @@
+"""ACRLPD: soft actor-critic over flattened action chunks with a large critic ensemble (RLPD + Q-chunking)."""
+
+import copy
+import functools
+from typing import Any
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+
+from rlpd_distributions import TanhNormal
+from rlpd_networks import MLP, Ensemble, StateActionValue
+from utils.flax_utils import ModuleDict, TrainState, nonpytree_field, scan_updates, target_update
+
+# Dataset chunks are pulled this far inside (-1, 1) before the BC log-prob, where atanh is finite.
+BC_ACTION_CLIP = 1e-5
+
+
+class Temperature(nn.Module):
+    """The SAC temperature alpha = exp(log_temp), learned in log space so it stays positive."""
+
+    init_temp: float = 1.0
+
+    @nn.compact
+    def __call__(self):
+        log_temp = self.param('log_temp', lambda _: jnp.full((), jnp.log(self.init_temp)))
+        return jnp.exp(log_temp)
+
+
+def _critic_actions(actions, action_chunking):
+    """The critic's action input from dataset chunks (B, H, A): the flat chunk (B, H*A) or the first action (B, A)."""
+    if action_chunking:
+        return jnp.reshape(actions, (*actions.shape[:-2], -1))
+    return actions[..., 0, :]
+
+
+class ACRLPDAgent(flax.struct.PyTreeNode):
+    """SAC with an ensemble of critics on chunks Q(s, a_0:H), trained on chunked n-step returns.
+
+    With `action_chunking=False` the actor and critic act on single actions while the backup stays H steps long
+    (the n-step return baseline).
+    """
+
+    rng: Any
+    network: Any
+    config: Any = nonpytree_field()
+
+    def critic_loss(self, batch, grad_params, rng):
+        """Squared TD error of every critic toward the H-step backup, weighted by the chunk's validity."""
+        next_obs = batch['next_observations'][..., -1, :]  # (B, obs): the state after the chunk
+        next_actions = self.network.select('actor')(next_obs).sample(seed=rng)  # (B, H*A)
+        next_qs = self.network.select('target_critic')(next_obs, next_actions)  # (num_qs, B)
+        next_q = next_qs.min(axis=0) if self.config['q_agg'] == 'min' else next_qs.mean(axis=0)
+        # rewards[..., -1] already holds the discounted sum of the H rewards; masks[..., -1] is 0 after a termination.
+        discount = self.config['discount'] ** self.config['horizon_length']
+        target_q = batch['rewards'][..., -1] + discount * batch['masks'][..., -1] * next_q  # (B,)
+
+        actions = _critic_actions(batch['actions'], self.config['action_chunking'])
+        q = self.network.select('critic')(batch['observations'], actions, params=grad_params)  # (num_qs, B)
+        loss = (jnp.square(q - target_q) * batch['valid'][..., -1]).mean()
+        return loss, {
+            'critic_loss': loss,
+            'q_mean': q.mean(),
+            'q_max': q.max(),
+            'q_min': q.min(),
+            'target_q_mean': target_q.mean(),
+        }
+
+    def actor_loss(self, batch, grad_params, rng):
+        """E[alpha * log pi(a|s) - mean_i Q_i(s, a)] plus bc_alpha times the NLL of the dataset chunk."""
+        dist = self.network.select('actor')(batch['observations'], params=grad_params)
+        actions, log_probs = dist.sample_and_log_prob(seed=rng)  # (B, H*A), (B,)
+        q = self.network.select('critic')(batch['observations'], actions).mean(axis=0)  # (B,)
+        alpha = self.network.select('temp')()
+        actor_loss = (alpha * log_probs - q).mean()
+
+        dataset_actions = _critic_actions(batch['actions'], self.config['action_chunking'])
+        dataset_actions = jnp.clip(dataset_actions, -1 + BC_ACTION_CLIP, 1 - BC_ACTION_CLIP)
+        bc_nll = -dist.log_prob(dataset_actions).mean()
+        bc_loss = self.config['bc_alpha'] * bc_nll
+
+        loss = actor_loss + bc_loss
+        return loss, {
+            'actor_loss': actor_loss,
+            'bc_loss': bc_loss,
+            'bc_nll': bc_nll,
+            'entropy': -log_probs.mean(),
+            'q': q.mean(),
+        }
+
+    def temperature_loss(self, batch, grad_params, rng):
+        """alpha * (H[pi] - target_entropy): raises alpha while the policy entropy is below the target."""
+        _, log_probs = self.network.select('actor')(batch['observations']).sample_and_log_prob(seed=rng)  # (B,)
+        entropy = -log_probs.mean()
+        alpha = self.network.select('temp')(params=grad_params)
+        loss = alpha * (entropy - self.config['target_entropy'])
+        return loss, {'alpha_loss': loss, 'alpha': alpha, 'entropy': entropy}
+
+    def total_loss(self, batch, grad_params, rng):
+        """Sum of the critic, actor and temperature losses; info keys are prefixed by component."""
+        critic_rng, actor_rng, temp_rng = jax.random.split(rng, 3)
+        total, info = 0.0, {}
+        for prefix, loss_fn, key in (
+            ('critic', self.critic_loss, critic_rng),
+            ('actor', self.actor_loss, actor_rng),
+            ('alpha', self.temperature_loss, temp_rng),
+        ):
+            loss, loss_info = loss_fn(batch, grad_params, key)
+            total = total + loss
+            info.update({f'{prefix}/{k}': v for k, v in loss_info.items()})
+        return total, info
+
+    def _update(self, batch):
+        new_rng, loss_rng = jax.random.split(self.rng)
+        network, info = self.network.apply_loss_fn(lambda grad_params: self.total_loss(batch, grad_params, loss_rng))
+        network = network.replace(
+            params=target_update(network, 'critic', self.config['tau'], source_params=self.network.params)
+        )
+        return self.replace(network=network, rng=new_rng), info
+
+    @jax.jit
+    def update(self, batch):
+        """One gradient step on all losses, then a Polyak step of the target critic. Returns (agent, info)."""
+        return self._update(batch)
+
+    @jax.jit
+    def batch_update(self, batch):
+        """`update` applied over the leading UTD axis of `batch` (leaves (U, B, ...)); infos averaged over U."""
+        return scan_updates(lambda agent, b: agent._update(b), self, batch)
+
+    @jax.jit
+    def sample_actions(self, observations, rng=None):
+        """Samples from the actor for (obs_dim,) or (B, obs_dim) observations; (..., H*A) or (..., A) in [-1, 1]."""
+        rng = self.rng if rng is None else rng
+        actions = self.network.select('actor')(observations).sample(seed=rng)
+        return jnp.clip(actions, -1, 1)
+
+    @classmethod
+    def create(cls, seed, ex_observations, ex_actions, config):
+        """Builds the agent.
+
+        Args:
+            seed: Random seed.
+            ex_observations: Example observations with a leading batch axis, (1, obs_dim).
+            ex_actions: Example single-step actions with a leading batch axis, (1, A).
+            config: The `get_config()` dict with `horizon_length` set.
+        """
+        config = ml_collections.ConfigDict(config).to_dict()
+        if config['horizon_length'] is None:
+            raise ValueError('config.horizon_length must be set (the backup is H steps long even without chunking).')
+        if config['q_agg'] not in ('mean', 'min'):
+            raise ValueError(f"q_agg must be 'mean' or 'min', got {config['q_agg']!r}")
+
+        rng = jax.random.PRNGKey(seed)
+        rng, init_rng = jax.random.split(rng)
+
+        action_dim = ex_actions.shape[-1]
+        if config['action_chunking']:
+            ex_full_actions = jnp.concatenate([ex_actions] * config['horizon_length'], axis=-1)  # (1, H*A)
+        else:
+            ex_full_actions = ex_actions  # (1, A)
+        full_action_dim = ex_full_actions.shape[-1]
+        if config['target_entropy'] is None:
+            config['target_entropy'] = -config['target_entropy_multiplier'] * full_action_dim
+
+        critic_base_cls = functools.partial(
+            MLP, hidden_dims=config['value_hidden_dims'], activate_final=True, use_layer_norm=config['layer_norm']
+        )
+        critic_def = Ensemble(functools.partial(StateActionValue, base_cls=critic_base_cls), num=config['num_qs'])
+        actor_base_cls = functools.partial(MLP, hidden_dims=config['actor_hidden_dims'], activate_final=True)
+        actor_def = TanhNormal(actor_base_cls, full_action_dim)
+        network_def = ModuleDict(
+            dict(
+                critic=critic_def,
+                target_critic=copy.deepcopy(critic_def),
+                actor=actor_def,
+                temp=Temperature(config['init_temp']),
+            )
+        )
+        params = network_def.init(
+            init_rng,
+            critic=(ex_observations, ex_full_actions),
+            target_critic=(ex_observations, ex_full_actions),
+            actor=(ex_observations,),
+            temp=(),
+        )['params']
+        params['modules_target_critic'] = params['modules_critic']
+        network = TrainState.create(network_def, params, tx=optax.adam(learning_rate=config['lr']))
+
+        config['action_dim'] = action_dim
+        config['ob_dims'] = tuple(ex_observations.shape[1:])
+        return cls(rng, network=network, config=ml_collections.FrozenConfigDict(config))
+
+
+def get_config():
+    """Default ACRLPD hyperparameters (Q-chunking paper, RLPD-style SAC)."""
+    return ml_collections.ConfigDict(
+        dict(
+            agent_name='acrlpd',  # Key of this agent in agents.agents.
+            lr=3e-4,  # Adam learning rate, shared by critic, actor and temperature.
+            batch_size=256,  # Transitions (chunks) per gradient step.
+            actor_hidden_dims=(512, 512, 512, 512),  # Actor MLP widths (no layer norm, as in the reference).
+            value_hidden_dims=(512, 512, 512, 512),  # Critic MLP widths.
+            layer_norm=True,  # Layer norm in the critic MLPs.
+            discount=0.99,  # Per-step discount; the chunk backup uses discount ** horizon_length.
+            tau=0.005,  # Polyak rate of the target critic.
+            num_qs=10,  # Critics in the ensemble; all of them enter the target and the actor loss.
+            target_entropy=ml_collections.config_dict.placeholder(float),  # None: -multiplier * full action dim.
+            target_entropy_multiplier=0.5,  # Target entropy per action dimension (negated) when target_entropy=None.
+            bc_alpha=0.0,  # Weight of the dataset-chunk negative log-likelihood in the actor loss.
+            q_agg='mean',  # How target critics are combined in the backup: 'mean' or 'min'.
+            horizon_length=ml_collections.config_dict.placeholder(int),  # Chunk length H; set by the launcher.
+            action_chunking=True,  # Act with chunks of H actions; False: single actions with an H-step backup.
+            init_temp=1.0,  # Initial temperature alpha.
+        )
+    )

@@ -1,0 +1,373 @@
+"""D4RL-style tasks: AntMaze and Adroit, from D4RL-format hdf5 files read with plain h5py.
+
+Datasets: `<dataset_dir or ~/.d4rl/datasets>/<env_name>.hdf5` with `observations, actions, rewards, terminals,
+timeouts`, turned into transitions with D4RL's q-learning semantics (`qlearning_transitions`). Minari re-releases
+(`D4RL/antmaze/umaze-v1`, ...) are read from a local Minari folder when present.
+
+Environments: the legacy `d4rl` package when it (and mujoco_py) can be imported, otherwise Gymnasium-Robotics
+equivalents with D4RL's observation layout (`GymRoboticsAntMaze`, Adroit `AdroitHand*-v1`).
+"""
+
+import os
+import re
+
+import gymnasium
+import numpy as np
+from gymnasium.spaces import Box
+
+from envs.env_utils import EnvError, dataset_from_arrays, require
+
+DEFAULT_DATASET_DIR = '~/.d4rl/datasets'
+GYMNASIUM_ROBOTICS_INSTALL = 'pip install gymnasium-robotics==1.4.2 pettingzoo==1.27.0'
+_ANTMAZE_RE = re.compile(r'^antmaze-(?P<maze>umaze|medium|large)(?:-(?P<kind>diverse|play))?-v(?P<v>[0-2])$')
+_ADROIT_RE = re.compile(r'^(?P<task>pen|door|hammer|relocate)-(?P<kind>human|cloned|expert)-v(?P<v>[01])$')
+_MINARI_RE = re.compile(r'^D4RL/(?P<domain>[a-z]+)/(?P<name>[a-z0-9-]+)-v(?P<v>\d+)$')
+
+# D4RL's reference returns for normalized scores (random and expert policies).
+REF_SCORES = {
+    'antmaze': (0.0, 1.0),
+    'pen': (96.262799, 3076.8331),
+    'door': (-56.512833, 2880.5693),
+    'hammer': (-274.856578, 12794.134825),
+    'relocate': (-6.425911, 4233.877797),
+}
+
+# D4RL maze layouts (rows top to bottom as D4RL writes them), with its start cell and evaluation goal cell.
+_MAZES = {
+    'umaze': ([[1, 1, 1, 1, 1], [1, 0, 0, 0, 1], [1, 1, 1, 0, 1], [1, 0, 0, 0, 1], [1, 1, 1, 1, 1]], (1, 1), (3, 1)),
+    'medium': (
+        [
+            [1, 1, 1, 1, 1, 1, 1, 1],
+            [1, 0, 0, 1, 1, 0, 0, 1],
+            [1, 0, 0, 1, 0, 0, 0, 1],
+            [1, 1, 0, 0, 0, 1, 1, 1],
+            [1, 0, 0, 1, 0, 0, 0, 1],
+            [1, 0, 1, 0, 0, 1, 0, 1],
+            [1, 0, 0, 0, 1, 0, 0, 1],
+            [1, 1, 1, 1, 1, 1, 1, 1],
+        ],
+        (1, 1),
+        (6, 6),
+    ),
+    'large': (
+        [
+            [1] * 12,
+            [1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 1],
+            [1, 0, 1, 1, 0, 1, 0, 1, 0, 1, 0, 1],
+            [1, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1],
+            [1, 0, 1, 1, 1, 1, 0, 1, 1, 1, 0, 1],
+            [1, 0, 0, 1, 0, 1, 0, 0, 0, 0, 0, 1],
+            [1, 1, 0, 1, 0, 1, 0, 1, 0, 1, 1, 1],
+            [1, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1],
+            [1] * 12,
+        ],
+        (1, 1),
+        (7, 9),
+    ),
+}
+_MAZE_SCALING = 4.0
+START_GOAL_NOISE = 0.1
+_ADROIT_IDS = {
+    'pen': 'AdroitHandPen-v1',
+    'door': 'AdroitHandDoor-v1',
+    'hammer': 'AdroitHandHammer-v1',
+    'relocate': 'AdroitHandRelocate-v1',
+}
+_MAX_EPISODE_STEPS = {
+    'umaze': 700,
+    'medium': 1000,
+    'large': 1000,
+    'pen': 100,
+    'door': 200,
+    'hammer': 200,
+    'relocate': 200,
+}
+
+
+def is_d4rl_env(env_name):
+    """Whether `env_name` is a D4RL AntMaze or Adroit name."""
+    return bool(_ANTMAZE_RE.match(env_name) or _ADROIT_RE.match(env_name))
+
+
+def is_minari_env(env_name):
+    """Whether `env_name` is a Minari dataset id of the D4RL collection (`D4RL/<domain>/<name>-v<k>`)."""
+    return _MINARI_RE.match(env_name) is not None
+
+
+def is_antmaze(env_name):
+    """Whether `env_name` (D4RL or Minari) is an AntMaze task."""
+    return 'antmaze' in env_name
+
+
+def online_reward_shift(env_name):
+    """Reward shift applied to AntMaze data and online rewards (-1: every step costs 1 until the goal)."""
+    return -1.0 if is_antmaze(env_name) else 0.0
+
+
+def _task(env_name):
+    m = _ANTMAZE_RE.match(env_name)
+    if m:
+        return 'antmaze', m['maze']
+    m = _ADROIT_RE.match(env_name)
+    if m:
+        return m['task'], m['task']
+    raise EnvError(f'{env_name!r} is not a D4RL AntMaze/Adroit name (e.g. antmaze-large-diverse-v2, pen-human-v1)')
+
+
+def get_normalized_score(env_name, episode_return):
+    """D4RL's normalized score (0 = random, 1 = expert) of an undiscounted return."""
+    domain = 'antmaze' if is_antmaze(env_name) else _task(env_name)[0]
+    lo, hi = REF_SCORES[domain]
+    return (episode_return - lo) / (hi - lo)
+
+
+def dataset_path(env_name, dataset_dir=None):
+    """`<dataset_dir>/<env_name>.hdf5`; raises `EnvError` when it is missing."""
+    root = os.path.expanduser(dataset_dir or DEFAULT_DATASET_DIR)
+    path = root if root.endswith('.hdf5') else os.path.join(root, f'{env_name}.hdf5')
+    if not os.path.exists(path):
+        raise EnvError(
+            f'D4RL dataset not found at {path}; copy the D4RL hdf5 file of {env_name} there (renamed to '
+            f'{env_name}.hdf5), or write a small random-policy file with: '
+            f'python -m envs.generate_d4rl --env_name={env_name} --save_dir={os.path.dirname(path)}'
+        )
+    return path
+
+
+def qlearning_transitions(observations, actions, rewards, terminals, timeouts):
+    """D4RL's q-learning transitions: next observation = following row; rows that hit a time limit are dropped.
+
+    A time-limit row has no recorded next observation, so it cannot form a transition; the very last row of the
+    file is dropped for the same reason.
+    """
+    n = len(observations) - 1
+    keep = ~np.asarray(timeouts[:n], dtype=bool)
+    idx = np.nonzero(keep)[0]
+    return dict(
+        observations=observations[idx],
+        actions=actions[idx],
+        next_observations=observations[idx + 1],
+        rewards=rewards[idx],
+        dataset_terminals=np.asarray(terminals[idx], dtype=np.float32),
+    )
+
+
+def episode_fields(tr, antmaze):
+    """`terminals` (episode ends) and `masks` (bootstrap) of q-learning transitions, as the reference defines them.
+
+    An episode ends where the next transition does not start at this one's next observation; for Adroit, also where
+    the data says terminal. Masks are 0 exactly at the data's terminal flags.
+    """
+    obs, next_obs = tr['observations'], tr['next_observations']
+    n = len(obs)
+    terminals = np.zeros(n, dtype=np.float32)
+    if n > 1:
+        jump = np.linalg.norm(obs[1:] - next_obs[:-1], axis=-1) > 1e-6
+        terminals[:-1] = jump if antmaze else (jump | (tr['dataset_terminals'][:-1] == 1.0))
+    terminals[-1] = 1.0
+    masks = 1.0 - tr['dataset_terminals']
+    return terminals, masks
+
+
+def load_d4rl_dataset(path, env_name):
+    """A `Dataset` from a D4RL-format hdf5 file (AntMaze rewards shifted by -1)."""
+    h5py = require('h5py', 'pip install h5py')
+    with h5py.File(path, 'r') as f:
+        missing = [k for k in ('observations', 'actions', 'rewards', 'terminals') if k not in f]
+        if missing:
+            raise EnvError(f'{path} is not a D4RL-format file: it lacks {", ".join(missing)}')
+        arrays = {k: np.asarray(f[k]) for k in ('observations', 'actions', 'rewards', 'terminals')}
+        timeouts = np.asarray(f['timeouts']) if 'timeouts' in f else np.zeros(len(arrays['rewards']), bool)
+    tr = qlearning_transitions(
+        arrays['observations'].astype(np.float32),
+        arrays['actions'].astype(np.float32),
+        arrays['rewards'].astype(np.float32),
+        arrays['terminals'],
+        timeouts,
+    )
+    antmaze = is_antmaze(env_name)
+    terminals, masks = episode_fields(tr, antmaze)
+    return dataset_from_arrays(
+        observations=tr['observations'],
+        actions=tr['actions'],
+        next_observations=tr['next_observations'],
+        rewards=tr['rewards'] + online_reward_shift(env_name),
+        terminals=terminals,
+        masks=masks,
+    )
+
+
+class GymRoboticsAntMaze(gymnasium.Wrapper):
+    """Gymnasium-Robotics AntMaze with D4RL's geometry and observation layout.
+
+    The maze is D4RL's (rows mirrored, because Gymnasium-Robotics counts rows downward along -y), the start and
+    goal are D4RL's cells, and xy are shifted so the start cell is the origin as in D4RL. Observation:
+    [x, y, rest of the ant state (27)] = 29 numbers. The episode terminates at the goal (sparse reward 1).
+    """
+
+    def __init__(self, env_name):
+        gym_robotics = require('gymnasium_robotics', GYMNASIUM_ROBOTICS_INSTALL)
+        gymnasium.register_envs(gym_robotics)
+        maze = _ANTMAZE_RE.match(env_name)['maze']
+        layout, start, goal = _MAZES[maze]
+        rows = [list(r) for r in layout]
+        rows[start[0]][start[1]] = 'r'
+        rows[goal[0]][goal[1]] = 'g'
+        env = gymnasium.make(
+            'AntMaze_UMaze-v4',
+            maze_map=rows[::-1],
+            continuing_task=False,
+            reward_type='sparse',
+            max_episode_steps=_MAX_EPISODE_STEPS[maze],
+        )
+        super().__init__(env)
+        # Gymnasium-Robotics scatters start and goal over +-1 (a quarter cell); D4RL starts within +-0.1 of its cell.
+        env.unwrapped.position_noise_range = START_GOAL_NOISE / _MAZE_SCALING
+        self.env_name = env_name
+        flipped_start = np.array([len(rows) - 1 - start[0], start[1]])
+        self.xy_offset = -np.asarray(env.unwrapped.maze.cell_rowcol_to_xy(flipped_start), dtype=np.float64)
+        flipped_goal = np.array([len(rows) - 1 - goal[0], goal[1]])
+        self.target_goal = np.asarray(env.unwrapped.maze.cell_rowcol_to_xy(flipped_goal)) + self.xy_offset
+        dim = 2 + env.observation_space['observation'].shape[0]
+        self.observation_space = Box(-np.inf, np.inf, shape=(dim,), dtype=np.float64)
+
+    def _flatten(self, ob):
+        return np.concatenate([ob['achieved_goal'] + self.xy_offset, ob['observation']])
+
+    def reset(self, **kwargs):
+        ob, info = self.env.reset(**kwargs)
+        return self._flatten(ob), info
+
+    def step(self, action):
+        ob, reward, terminated, truncated, info = self.env.step(action)
+        info['success'] = float(info.get('success', reward > 0))
+        return self._flatten(ob), float(reward), terminated, truncated, info
+
+    def get_normalized_score(self, episode_return):
+        """D4RL's normalized score of a return."""
+        return get_normalized_score(self.env_name, episode_return)
+
+
+class GymRoboticsAdroit(gymnasium.Wrapper):
+    """Gymnasium-Robotics Adroit hand task with D4RL's observation, time limit and normalized score."""
+
+    def __init__(self, env_name):
+        gym_robotics = require('gymnasium_robotics', GYMNASIUM_ROBOTICS_INSTALL)
+        gymnasium.register_envs(gym_robotics)
+        task = _ADROIT_RE.match(env_name)['task']
+        super().__init__(gymnasium.make(_ADROIT_IDS[task], max_episode_steps=_MAX_EPISODE_STEPS[task]))
+        self.env_name = env_name
+
+    def step(self, action):
+        ob, reward, terminated, truncated, info = self.env.step(action)
+        info['success'] = float(info.get('success', False))
+        return ob, float(reward), terminated, truncated, info
+
+    def get_normalized_score(self, episode_return):
+        """D4RL's normalized score of a return."""
+        return get_normalized_score(self.env_name, episode_return)
+
+
+def _make_legacy_d4rl_env(env_name):
+    """The original D4RL environment through gymnasium's v21 compatibility layer, or None when unavailable."""
+    try:
+        import d4rl  # noqa: F401  (registers the environments; needs mujoco_py)
+        import shimmy  # noqa: F401  (provides GymV21Environment-v0)
+    except Exception:  # noqa: BLE001  d4rl fails in many ways without mujoco_py; any failure means "not usable".
+        return None
+    return gymnasium.make('GymV21Environment-v0', env_id=env_name)
+
+
+def make_d4rl_env(env_name, prefer_legacy=True):
+    """The environment of a D4RL name: legacy d4rl when importable, else the Gymnasium-Robotics equivalent."""
+    if prefer_legacy:
+        env = _make_legacy_d4rl_env(env_name)
+        if env is not None:
+            return env
+    if is_antmaze(env_name):
+        return GymRoboticsAntMaze(env_name)
+    return GymRoboticsAdroit(env_name)
+
+
+def minari_dataset_path(env_name, dataset_dir=None):
+    """`<root>/<dataset id>/data/main_data.hdf5` of a local Minari dataset; raises `EnvError` when missing."""
+    root = dataset_dir or os.environ.get('MINARI_DATASETS_PATH') or '~/.minari/datasets'
+    path = os.path.join(os.path.expanduser(root), env_name, 'data', 'main_data.hdf5')
+    if not os.path.exists(path):
+        raise EnvError(
+            f'Minari dataset not found at {path}; on a machine with network run: minari download {env_name} '
+            f'(then copy ~/.minari/datasets/{env_name} here), or set MINARI_DATASETS_PATH / --dataset_dir'
+        )
+    return path
+
+
+def _flat_obs(node):
+    # Goal-conditioned Minari data stores dict observations; D4RL's layout puts the position (achieved goal) first.
+    if hasattr(node, 'keys'):
+        parts = [np.asarray(node[k]) for k in ('achieved_goal', 'observation') if k in node]
+        return np.concatenate(parts, axis=-1)
+    return np.asarray(node)
+
+
+def load_minari_dataset(path, env_name):
+    """A `Dataset` of a local Minari hdf5 file: episodes as stored, terminals at episode ends, masks at terminations."""
+    h5py = require('h5py', 'pip install h5py')
+    fields = {k: [] for k in ('observations', 'actions', 'rewards', 'terminals', 'masks', 'next_observations')}
+    with h5py.File(path, 'r') as f:
+        episodes = sorted((k for k in f.keys() if k.startswith('episode_')), key=lambda k: int(k.split('_')[-1]))
+        for ep in episodes:
+            g = f[ep]
+            obs = _flat_obs(g['observations']).astype(np.float32)
+            n = len(g['actions'])
+            terminals = np.zeros(n, np.float32)
+            terminals[-1] = 1.0
+            fields['observations'].append(obs[:n])
+            fields['next_observations'].append(obs[1 : n + 1])
+            fields['actions'].append(np.asarray(g['actions'], np.float32))
+            fields['rewards'].append(np.asarray(g['rewards'], np.float32) + online_reward_shift(env_name))
+            fields['terminals'].append(terminals)
+            fields['masks'].append(1.0 - np.asarray(g['terminations'], np.float32))
+    if not fields['actions']:
+        raise EnvError(f'the Minari file {path} holds no episodes')
+    return dataset_from_arrays(**{k: np.concatenate(v) for k, v in fields.items()})
+
+
+class FlattenGoalObservation(gymnasium.ObservationWrapper):
+    """Flattens a goal-conditioned dict observation to [achieved_goal, observation] (Minari AntMaze data layout)."""
+
+    def __init__(self, env):
+        super().__init__(env)
+        space = env.observation_space
+        dim = sum(space[k].shape[0] for k in ('achieved_goal', 'observation'))
+        self.observation_space = Box(-np.inf, np.inf, shape=(dim,), dtype=np.float64)
+
+    def observation(self, observation):
+        return _flat_obs(observation)
+
+
+def make_minari_env(path):
+    """The environment recorded in a Minari file's `env_spec` attribute (Gymnasium-Robotics ids)."""
+    h5py = require('h5py', 'pip install h5py')
+    with h5py.File(path, 'r') as f:
+        spec_json = f.attrs.get('env_spec')
+    if spec_json is None:
+        raise EnvError(f'the Minari file {path} has no env_spec attribute, so its environment is unknown')
+    gym_robotics = require('gymnasium_robotics', GYMNASIUM_ROBOTICS_INSTALL)
+    gymnasium.register_envs(gym_robotics)
+    spec = gymnasium.envs.registration.EnvSpec.from_json(
+        spec_json if isinstance(spec_json, str) else spec_json.decode()
+    )
+    env = gymnasium.make(spec)
+    if isinstance(env.observation_space, gymnasium.spaces.Dict):
+        env = FlattenGoalObservation(env)
+    return env
+
+
+def make_d4rl_env_and_datasets(env_name, dataset_dir=None):
+    """(env, eval_env, train_dataset, None) of a D4RL or Minari name; online reward shifts are the caller's."""
+    if is_minari_env(env_name):
+        path = minari_dataset_path(env_name, dataset_dir)
+        return make_minari_env(path), make_minari_env(path), load_minari_dataset(path, env_name), None
+    path = dataset_path(env_name, dataset_dir)
+    dataset = load_d4rl_dataset(path, env_name)
+    return make_d4rl_env(env_name), make_d4rl_env(env_name), dataset, None

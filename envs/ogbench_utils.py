@@ -1,0 +1,200 @@
+"""OGBench single-task manipulation environments and datasets, loaded and relabelled by the `ogbench` package itself.
+
+Name layout: `<env>-<dataset type>-singletask[-task<k>]-v0`, e.g. `cube-double-play-singletask-task2-v0`. The gym
+environment drops the dataset type (`cube-double-singletask-task2-v0`); the dataset file drops the task
+(`cube-double-play-v0.npz` and `cube-double-play-v0-val.npz`).
+"""
+
+import glob
+import os
+import re
+
+import numpy as np
+
+from envs.env_utils import EnvError, clip_actions, dataset_from_arrays
+
+DEFAULT_DATASET_DIR = '~/.ogbench/data'
+_NAME_RE = re.compile(
+    r'^(?P<env>cube-(?:single|double|triple|quadruple|octuple)|scene|puzzle-\d+x\d+)'
+    r'-(?P<type>play|noisy)(?:-(?P<size>\d+[mk]))?-singletask(?:-(?P<task>task\d+))?-(?P<version>v\d+)$'
+)
+
+
+def is_ogbench_env(env_name):
+    """Whether `env_name` is an OGBench single-task manipulation name."""
+    return _NAME_RE.match(env_name) is not None
+
+
+def split_name(env_name):
+    """(gym environment id, dataset name) of an OGBench single-task name."""
+    m = _NAME_RE.match(env_name)
+    if m is None:
+        raise EnvError(f'{env_name!r} is not an OGBench single-task name (e.g. cube-single-play-singletask-task2-v0)')
+    task = f'-{m["task"]}' if m['task'] else ''
+    gym_id = f'{m["env"]}-singletask{task}-{m["version"]}'
+    dataset_name = f'{m["env"]}-{m["type"]}-{m["version"]}'
+    return gym_id, dataset_name
+
+
+def _import_ogbench():
+    try:
+        import ogbench  # noqa: F401  (registers the environments with gymnasium)
+        import ogbench.relabel_utils
+        import ogbench.utils
+    except ImportError as e:
+        raise EnvError(f'ogbench cannot be imported ({e}); run: pip install ogbench==1.2.2') from e
+    return ogbench
+
+
+def generate_command(dataset_name, dataset_dir):
+    """The shell command that writes `dataset_name` into `dataset_dir` (played oracle data, like OGBench's)."""
+    return f'python -m envs.generate_ogbench --env_name={dataset_name} --save_dir={dataset_dir}'
+
+
+def dataset_paths(env_name, dataset_dir=None):
+    """Train and validation file paths of an OGBench name; raises `EnvError` when either is missing.
+
+    OGBench would download missing files; this machine may have no network, so the user is told how to make them.
+    """
+    _, dataset_name = split_name(env_name)
+    dataset_dir = os.path.expanduser(dataset_dir or DEFAULT_DATASET_DIR)
+    train_path = os.path.join(dataset_dir, f'{dataset_name}.npz')
+    val_path = os.path.join(dataset_dir, f'{dataset_name}-val.npz')
+    for path in (train_path, val_path):
+        if not os.path.exists(path):
+            raise EnvError(
+                f'OGBench dataset not found at {path}; download it with ogbench.download_datasets([{dataset_name!r}]) '
+                f'or generate it locally with: {generate_command(dataset_name, dataset_dir)}'
+            )
+    return train_path, val_path
+
+
+def make_ogbench_env(env_name, **env_kwargs):
+    """The gymnasium environment (single-task mode) of an OGBench name."""
+    ogbench = _import_ogbench()
+    return ogbench.make_env_and_datasets(env_name, env_only=True, **env_kwargs)
+
+
+def _to_dataset(data):
+    # The relabelling needed qpos/qvel/button_states; agents never see them, so they are dropped to save memory.
+    fields = {k: v for k, v in data.items() if k not in ('qpos', 'qvel', 'button_states')}
+    return dataset_from_arrays(**fields)
+
+
+def load_relabelled(env_name, path, relabel_env, compact_dataset=False):
+    """One OGBench npz file loaded and relabelled with OGBench's own functions, as a `Dataset`.
+
+    `relabel_env` is reset by the relabelling (that is how OGBench reads the task's goal), so it must not be an
+    environment in the middle of an episode.
+    """
+    ogbench = _import_ogbench()
+    gym_id, _ = split_name(env_name)
+    data = ogbench.utils.load_dataset(path, compact_dataset=compact_dataset, add_info=True)
+    ogbench.relabel_utils.relabel_dataset(gym_id, relabel_env, data)
+    return _to_dataset(data)
+
+
+def shard_paths(shard_dir):
+    """Sorted training shards (`*.npz` except `*-val.npz`) of a sharded dataset folder."""
+    shard_dir = os.path.expanduser(shard_dir)
+    paths = sorted(p for p in glob.glob(os.path.join(shard_dir, '*.npz')) if not p.endswith('-val.npz'))
+    if not paths:
+        raise EnvError(
+            f'no dataset shards (*.npz) in {shard_dir}; point --ogbench_dataset_dir at a folder of OGBench npz files '
+            f'(e.g. generated with: python -m envs.generate_ogbench --env_name=cube-single-play-v0 '
+            f'--save_path={os.path.join(shard_dir, "cube-single-play-v0-000.npz")})'
+        )
+    return paths
+
+
+class OGBenchShardCycler:
+    """Serves a sharded OGBench dataset one shard at a time, so the full set is never in memory.
+
+    The driver calls `next()` every `dataset_replace_interval` steps; shards cycle in sorted order. Each shard is
+    relabelled like a regular OGBench file and its actions clipped like in `make_env_and_datasets`. A shard's
+    validation set is its `-val.npz` sibling when there is one (`val_dataset()`, else None).
+    """
+
+    def __init__(
+        self, env_name, shard_dir, compact_dataset=False, action_clip_eps=1e-5, start_index=0, seed=0, relabel_env=None
+    ):
+        self.env_name = env_name
+        self.paths = shard_paths(shard_dir)
+        self.compact_dataset = compact_dataset
+        self.action_clip_eps = action_clip_eps
+        self.index = start_index % len(self.paths)
+        self.seed = seed
+        self._num_loads = 0
+        # A private environment: relabelling resets it, which must not disturb the training environment.
+        self._relabel_env = relabel_env if relabel_env is not None else make_ogbench_env(env_name)
+        self._current = None
+
+    def __len__(self):
+        return len(self.paths)
+
+    @property
+    def current_path(self):
+        """Path of the shard that `current()` returns."""
+        return self.paths[self.index]
+
+    def _load(self, path):
+        dataset = load_relabelled(self.env_name, path, self._relabel_env, self.compact_dataset)
+        dataset = clip_actions(dataset, self.action_clip_eps)
+        dataset.seed(self.seed + self._num_loads)
+        self._num_loads += 1
+        return dataset
+
+    def current(self):
+        """The current shard as a `Dataset` (loaded on first use)."""
+        if self._current is None:
+            self._current = self._load(self.current_path)
+        return self._current
+
+    def next(self):
+        """Drops the current shard, loads the next one (cyclically) and returns it."""
+        self._current = None  # Release the old shard before the new one is read.
+        self.index = (self.index + 1) % len(self.paths)
+        return self.current()
+
+    def val_dataset(self):
+        """Validation set of the current shard, or None when the shard has no `-val.npz` sibling."""
+        val_path = self.current_path.replace('.npz', '-val.npz')
+        if not os.path.exists(val_path):
+            return None
+        return clip_actions(
+            load_relabelled(self.env_name, val_path, self._relabel_env, self.compact_dataset), self.action_clip_eps
+        )
+
+
+def make_ogbench_env_and_datasets(env_name, dataset_dir=None, shard_dir=None, compact_dataset=False):
+    """(env, eval_env, train_dataset, val_dataset) of an OGBench single-task name, unwrapped and unclipped.
+
+    With `shard_dir`, the datasets are the first shard and its validation sibling (None if absent).
+    """
+    ogbench = _import_ogbench()
+    # Missing data is reported before the (slow) environments are built.
+    paths = shard_paths(shard_dir) if shard_dir is not None else dataset_paths(env_name, dataset_dir)
+    env = make_ogbench_env(env_name)
+    eval_env = make_ogbench_env(env_name)
+    if shard_dir is not None:
+        cycler = OGBenchShardCycler(
+            env_name, shard_dir, compact_dataset=compact_dataset, action_clip_eps=None, relabel_env=eval_env
+        )
+        return env, eval_env, cycler.current(), cycler.val_dataset()
+
+    train_path = paths[0]
+    # Passing the file path keeps OGBench from trying to download; it finds the `-val.npz` sibling itself.
+    train, val = ogbench.make_env_and_datasets(
+        env_name,
+        dataset_path=train_path,
+        compact_dataset=compact_dataset,
+        dataset_only=True,
+        cur_env=eval_env,
+        add_info=False,
+    )
+    return env, eval_env, _to_dataset(train), _to_dataset(val)
+
+
+def episode_count(dataset):
+    """Number of episodes in a loaded dataset (episodes end where `terminals` is 1)."""
+    return int(np.sum(dataset['terminals']))

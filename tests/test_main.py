@@ -1,0 +1,146 @@
+"""Subprocess smoke runs of `main.py` on a tiny locally generated cube-single dataset."""
+
+import csv
+import glob
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ENV_NAME = 'cube-single-play-singletask-task2-v0'
+TINY = [
+    '--agent.actor_hidden_dims=(16,16)',
+    '--agent.value_hidden_dims=(16,16)',
+    '--agent.batch_size=8',
+    '--agent.flow_steps=2',
+    '--agent.actor_num_samples=2',
+    '--eval_episodes=1',
+    '--log_interval=5',
+]
+
+
+def run_env():
+    env = dict(os.environ, WANDB_MODE='disabled', PYTHONPATH=ROOT, JAX_PLATFORMS='cpu')
+    env.pop('MUJOCO_GL', None)
+    return env
+
+
+@pytest.fixture(scope='module')
+def data_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp('ogbench')
+    cmd = [
+        sys.executable, '-m', 'envs.generate_ogbench', '--env_name=cube-single-play-v0', f'--save_dir={out}',
+        '--num_episodes=3', '--num_val_episodes=1', '--episode_length=61', '--seed=0',
+    ]
+    subprocess.run(cmd, cwd=ROOT, env=run_env(), check=True, capture_output=True)
+    return str(out)
+
+
+def run_main(data_dir, save_dir, *args, script='main.py'):
+    cmd = [sys.executable, script, f'--env_name={ENV_NAME}', f'--dataset_dir={data_dir}', f'--save_dir={save_dir}']
+    proc = subprocess.run(cmd + TINY + list(args), cwd=ROOT, env=run_env(), capture_output=True, text=True)
+    return proc
+
+
+def read_csv(path):
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def only_run_dir(save_dir):
+    runs = glob.glob(os.path.join(save_dir, '*', '*'))
+    assert len(runs) == 1, runs
+    return runs[0]
+
+
+def test_offline_then_online_with_utd_and_checkpoints(data_dir, tmp_path):
+    proc = run_main(
+        data_dir, tmp_path, '--offline_steps=12', '--online_steps=10', '--start_training=3', '--utd_ratio=2',
+        '--eval_interval=10', '--save_interval=5', '--horizon_length=3', '--agent.actor_type=best-of-n',
+        '--save_all_online_states=True',
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_dir = only_run_dir(tmp_path)
+    for name in ('offline_agent.csv', 'online_agent.csv', 'eval.csv', 'flags.json', 'params_10.pkl', 'params_22.pkl'):
+        assert os.path.exists(os.path.join(run_dir, name)), name
+
+    offline = read_csv(os.path.join(run_dir, 'offline_agent.csv'))
+    assert [int(r['step']) for r in offline] == [5, 10]
+    assert {'critic/critic_loss', 'actor/bc_flow_loss', 'grad/norm'} <= set(offline[0])
+    online = read_csv(os.path.join(run_dir, 'online_agent.csv'))
+    assert [int(r['step']) for r in online] == [17, 22]
+    # Evaluations at the interval and once after the last update of each phase, never twice on a step.
+    evals = read_csv(os.path.join(run_dir, 'eval.csv'))
+    assert [int(r['step']) for r in evals] == [10, 12, 22]
+    assert {'success', 'return', 'length'} <= set(evals[0])
+
+    flags = json.load(open(os.path.join(run_dir, 'flags.json')))
+    assert flags['agent']['horizon_length'] == 3 and flags['agent']['discount'] == flags['discount']
+
+    import pickle
+
+    states = pickle.load(open(os.path.join(run_dir, 'data.pkl'), 'rb'))
+    assert states['qpos'].shape[0] == states['qvel'].shape[0] == 10
+    assert np.array_equal(states['steps'], np.arange(1, 11))
+
+    # The last checkpoint restores into an agent built from the run's own flags.
+    import ml_collections
+
+    from agents import agents
+    from utils.flax_utils import restore_agent_with_file
+
+    config = ml_collections.ConfigDict(flags['agent'])
+    obs = np.zeros((1, 28), np.float32)
+    agent = agents['acfql'].create(5, obs, np.zeros((1, 5), np.float32), config)
+    restored = restore_agent_with_file(agent, os.path.join(run_dir, 'params_22.pkl'))
+    assert int(restored.network.step) == 1 + 12 + 2 * (10 - 3 + 1)
+    import jax
+
+    assert restored.sample_actions(obs[0], rng=jax.random.PRNGKey(0)).shape == (15,)
+
+
+@pytest.mark.parametrize(
+    'args, width',
+    [
+        (['--offline_steps=6', '--online_steps=0', '--agent.action_chunking=False', '--horizon_length=4'], None),
+        (['--offline_steps=0', '--online_steps=8', '--start_training=2', '--horizon_length=1'], None),
+    ],
+    ids=['offline-only-nstep', 'online-only-h1'],
+)
+def test_single_phase_runs(data_dir, tmp_path, args, width):
+    proc = run_main(data_dir, tmp_path, '--eval_interval=0', *args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_dir = only_run_dir(tmp_path)
+    evals = read_csv(os.path.join(run_dir, 'eval.csv'))
+    offline_steps = int(args[0].split('=')[1])
+    online_steps = int(args[1].split('=')[1])
+    # Exactly one evaluation, after the final update.
+    assert [int(r['step']) for r in evals] == [offline_steps + online_steps]
+    assert os.path.exists(os.path.join(run_dir, 'online_agent.csv')) == (online_steps > 0)
+    assert os.path.exists(os.path.join(run_dir, 'offline_agent.csv')) == (offline_steps > 0)
+
+
+@pytest.mark.parametrize(
+    'args, message',
+    [
+        (['--env_name=nonexistent-env-v0'], 'unknown environment'),
+        (['--horizon_length=0'], '--horizon_length must be >= 1'),
+        (['--agent.actor_type=best-of-m'], 'actor_type'),
+        (['--offline_steps=-5'], '--offline_steps must be >= 0'),
+        (['--utd_ratio=0'], '--utd_ratio must be >= 1'),
+        (['--dataset_dir=/nonexistent/dir'], 'is not a directory'),
+        (['--env_name=cube-double-play-singletask-task1-v0'], 'generate_ogbench'),
+    ],
+)
+def test_bad_inputs_end_with_one_clear_line(data_dir, tmp_path, args, message):
+    proc = run_main(data_dir, tmp_path, '--offline_steps=1', '--online_steps=0', *args)
+    assert proc.returncode != 0
+    assert 'Traceback' not in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith('error: ') and message in last, proc.stderr[-2000:]
+    # Nothing was started: no run directory.
+    assert not glob.glob(os.path.join(tmp_path, '*', '*'))
