@@ -1,8 +1,16 @@
 """Small builders shared by the tests: index-tagged datasets and tiny agent configs."""
 
+import csv
+import glob
+import os
+import subprocess
+import sys
+
 import numpy as np
 
 from utils.datasets import Dataset
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def tagged_episodes(lengths, obs_dim=3, action_dim=2, success_episodes=(), image_shape=None):
@@ -76,3 +84,47 @@ def tiny_acfql_config(horizon_length=3, **overrides):
     for k, v in overrides.items():
         setattr(config, k, v)
     return config
+
+
+def subprocess_env():
+    """Environment for driver subprocesses: CPU JAX, no wandb, the repo importable."""
+    env = dict(os.environ, WANDB_MODE='disabled', PYTHONPATH=ROOT, JAX_PLATFORMS='cpu')
+    env.pop('MUJOCO_GL', None)
+    return env
+
+
+def generate_cube_single(out_dir, num_episodes=3, episode_length=61):
+    """Writes a tiny cube-single play dataset (and its val split) with the project's OGBench generator."""
+    cmd = [
+        sys.executable,
+        '-m',
+        'envs.generate_ogbench',
+        '--env_name=cube-single-play-v0',
+        f'--save_dir={out_dir}',
+        f'--num_episodes={num_episodes}',
+        '--num_val_episodes=1',
+        f'--episode_length={episode_length}',
+        '--seed=0',
+    ]
+    subprocess.run(cmd, cwd=ROOT, env=subprocess_env(), check=True, capture_output=True)
+    return str(out_dir)
+
+
+def run_driver(script, args):
+    """Runs a driver script from the repo root; returns the CompletedProcess (text output captured)."""
+    return subprocess.run(
+        [sys.executable, script, *args], cwd=ROOT, env=subprocess_env(), capture_output=True, text=True
+    )
+
+
+def read_csv(path):
+    """Rows of a CSV file as dicts."""
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def only_run_dir(save_dir):
+    """The single run directory `save_dir/<group>/<exp>` a driver created."""
+    runs = glob.glob(os.path.join(str(save_dir), '*', '*'))
+    assert len(runs) == 1, runs
+    return runs[0]

@@ -1,16 +1,19 @@
 """Subprocess smoke runs of `main.py` on a tiny locally generated cube-single dataset."""
 
-import csv
 import glob
 import json
 import os
-import subprocess
-import sys
+import pickle
 
+import jax
+import ml_collections
 import numpy as np
 import pytest
+from helpers import generate_cube_single, only_run_dir, read_csv, run_driver
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from agents import agents
+from utils.flax_utils import restore_agent_with_file
+
 ENV_NAME = 'cube-single-play-singletask-task2-v0'
 TINY = [
     '--agent.actor_hidden_dims=(16,16)',
@@ -23,44 +26,29 @@ TINY = [
 ]
 
 
-def run_env():
-    env = dict(os.environ, WANDB_MODE='disabled', PYTHONPATH=ROOT, JAX_PLATFORMS='cpu')
-    env.pop('MUJOCO_GL', None)
-    return env
-
-
 @pytest.fixture(scope='module')
 def data_dir(tmp_path_factory):
-    out = tmp_path_factory.mktemp('ogbench')
-    cmd = [
-        sys.executable, '-m', 'envs.generate_ogbench', '--env_name=cube-single-play-v0', f'--save_dir={out}',
-        '--num_episodes=3', '--num_val_episodes=1', '--episode_length=61', '--seed=0',
-    ]
-    subprocess.run(cmd, cwd=ROOT, env=run_env(), check=True, capture_output=True)
-    return str(out)
+    return generate_cube_single(tmp_path_factory.mktemp('ogbench'))
 
 
-def run_main(data_dir, save_dir, *args, script='main.py'):
-    cmd = [sys.executable, script, f'--env_name={ENV_NAME}', f'--dataset_dir={data_dir}', f'--save_dir={save_dir}']
-    proc = subprocess.run(cmd + TINY + list(args), cwd=ROOT, env=run_env(), capture_output=True, text=True)
-    return proc
-
-
-def read_csv(path):
-    with open(path) as f:
-        return list(csv.DictReader(f))
-
-
-def only_run_dir(save_dir):
-    runs = glob.glob(os.path.join(save_dir, '*', '*'))
-    assert len(runs) == 1, runs
-    return runs[0]
+def run_main(data_dir, save_dir, *args):
+    return run_driver(
+        'main.py', [f'--env_name={ENV_NAME}', f'--dataset_dir={data_dir}', f'--save_dir={save_dir}', *TINY, *args]
+    )
 
 
 def test_offline_then_online_with_utd_and_checkpoints(data_dir, tmp_path):
     proc = run_main(
-        data_dir, tmp_path, '--offline_steps=12', '--online_steps=10', '--start_training=3', '--utd_ratio=2',
-        '--eval_interval=10', '--save_interval=5', '--horizon_length=3', '--agent.actor_type=best-of-n',
+        data_dir,
+        tmp_path,
+        '--offline_steps=12',
+        '--online_steps=10',
+        '--start_training=3',
+        '--utd_ratio=2',
+        '--eval_interval=10',
+        '--save_interval=5',
+        '--horizon_length=3',
+        '--agent.actor_type=best-of-n',
         '--save_all_online_states=True',
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -81,25 +69,16 @@ def test_offline_then_online_with_utd_and_checkpoints(data_dir, tmp_path):
     flags = json.load(open(os.path.join(run_dir, 'flags.json')))
     assert flags['agent']['horizon_length'] == 3 and flags['agent']['discount'] == flags['discount']
 
-    import pickle
-
     states = pickle.load(open(os.path.join(run_dir, 'data.pkl'), 'rb'))
     assert states['qpos'].shape[0] == states['qvel'].shape[0] == 10
     assert np.array_equal(states['steps'], np.arange(1, 11))
 
     # The last checkpoint restores into an agent built from the run's own flags.
-    import ml_collections
-
-    from agents import agents
-    from utils.flax_utils import restore_agent_with_file
-
     config = ml_collections.ConfigDict(flags['agent'])
     obs = np.zeros((1, 28), np.float32)
     agent = agents['acfql'].create(5, obs, np.zeros((1, 5), np.float32), config)
     restored = restore_agent_with_file(agent, os.path.join(run_dir, 'params_22.pkl'))
     assert int(restored.network.step) == 1 + 12 + 2 * (10 - 3 + 1)
-    import jax
-
     assert restored.sample_actions(obs[0], rng=jax.random.PRNGKey(0)).shape == (15,)
 
 
