@@ -7,10 +7,11 @@ copies whose queue is empty) can reuse it without changing what a single episode
 """
 
 from collections import deque
-from numbers import Number
 
 import jax
 import numpy as np
+
+from log_utils import to_scalar
 
 
 class ActionQueue:
@@ -59,19 +60,6 @@ def _step(env, action):
         return obs, reward, bool(terminated) or bool(truncated), info
     obs, reward, done, info = out
     return obs, reward, bool(done), info
-
-
-def _scalar(value):
-    """Python float for numeric scalars (python, numpy or JAX), None for anything that cannot be averaged."""
-    if isinstance(value, Number):
-        return float(value)
-    try:
-        arr = np.asarray(value)
-    except Exception:
-        return None
-    if arr.size == 1 and (np.issubdtype(arr.dtype, np.number) or arr.dtype == np.bool_):
-        return float(arr.reshape(()))
-    return None
 
 
 class EpisodeRunner:
@@ -142,11 +130,11 @@ class EpisodeRunner:
         """Per-episode statistics: the EpisodeMonitor summary if present, else our own return and length."""
         stats = {'return': self.episode_return, 'length': float(self.length)}
         for key, value in (self.last_info.get('episode') or {}).items():
-            value = _scalar(value)
+            value = to_scalar(value)
             if value is not None:
                 stats[key] = value
         if 'success' in self.last_info:
-            success = _scalar(self.last_info['success'])
+            success = to_scalar(self.last_info['success'])
             if success is not None:
                 stats['success'] = success
         return stats

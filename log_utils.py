@@ -17,13 +17,14 @@ import os
 import re
 import secrets
 import sys
-import tempfile
 import time
 from collections import OrderedDict
 from numbers import Number
 from urllib.parse import urlparse
 
 import numpy as np
+
+from utils.io_utils import atomic_write
 
 logger = logging.getLogger(__name__)
 
@@ -55,38 +56,6 @@ def _csv_value(value):
     if isinstance(value, str):
         return value
     return to_scalar(value)
-
-
-def _fsync_dir(path):
-    # Makes the rename itself durable; not every platform allows opening a directory, hence best effort.
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _atomic_write(path, write_fn, newline=None):
-    """Writes via a temp file in the same directory so readers never see a half-written file."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp_path = tempfile.mkstemp(dir=directory, prefix='.' + os.path.basename(path) + '.', suffix='.tmp')
-    try:
-        with os.fdopen(fd, 'w', newline=newline) as f:
-            write_fn(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp_path, path)
-    except BaseException:
-        if os.path.exists(tmp_path):
-            os.remove(tmp_path)
-        raise
-    _fsync_dir(directory)
 
 
 class CsvLogger:
@@ -146,7 +115,7 @@ class CsvLogger:
             writer.writeheader()
             writer.writerows(rows)
 
-        _atomic_write(self.path, write, newline='')
+        atomic_write(self.path, write, newline='')
         self._file = open(self.path, 'a', newline='')
 
     def close(self):
@@ -267,7 +236,7 @@ def get_flag_dict(flag_values=None):
 def save_flags(run_dir, flag_dict, filename='flags.json'):
     """Writes `flag_dict` to `run_dir/flags.json` atomically; returns the path."""
     path = os.path.join(run_dir, filename)
-    _atomic_write(path, lambda f: json.dump(_jsonable(flag_dict), f, indent=2, sort_keys=True))
+    atomic_write(path, lambda f: json.dump(_jsonable(flag_dict), f, indent=2, sort_keys=True))
     return path
 
 

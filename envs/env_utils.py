@@ -211,41 +211,26 @@ def make_env_and_datasets(
     family = get_env_family(env_name)
     if family != 'ogbench' and ogbench_dataset_dir is not None:
         raise EnvError(f'--ogbench_dataset_dir only applies to OGBench environments, not {env_name!r}')
-    reward_shift = 0.0
     if family == 'ogbench':
         from envs import ogbench_utils
 
         env, eval_env, train_dataset, val_dataset = ogbench_utils.make_ogbench_env_and_datasets(
             env_name, dataset_dir=dataset_dir, shard_dir=ogbench_dataset_dir, compact_dataset=compact_dataset
         )
-        filters = ['.*privileged.*', '.*proprio.*']
     elif family == 'robomimic':
         from envs import robomimic_utils
 
         env, eval_env, train_dataset, val_dataset = robomimic_utils.make_robomimic_env_and_datasets(
             env_name, dataset_dir=dataset_dir, seed=seed
         )
-        reward_shift = robomimic_utils.REWARD_SHIFT
-        filters = []
     else:
         from envs import d4rl_utils
 
         env, eval_env, train_dataset, val_dataset = d4rl_utils.make_d4rl_env_and_datasets(
             env_name, dataset_dir=dataset_dir
         )
-        reward_shift = d4rl_utils.online_reward_shift(env_name)
-        filters = []
 
-    envs = []
-    for e in (env, eval_env):
-        # The monitor sits below the shift: `info['episode']` reports the task's own return, as in the reference
-        # and as D4RL's normalized scores expect, while the agent receives the shifted reward.
-        e = EpisodeMonitor(e, filter_regexes=filters)
-        if reward_shift:
-            e = RewardShiftWrapper(e, reward_shift)
-        if frame_stack is not None:
-            e = FrameStackWrapper(e, frame_stack)
-        envs.append(e)
+    envs = [_wrap_env(e, family, env_name, frame_stack) for e in (env, eval_env)]
     env, eval_env = envs
     env.reset(seed=seed)
     eval_env.reset(seed=seed + 1)
@@ -256,6 +241,57 @@ def make_env_and_datasets(
     if val_dataset is not None:
         val_dataset.seed(seed + 1)
     return env, eval_env, train_dataset, val_dataset
+
+
+def _wrap_env(env, family, env_name, frame_stack):
+    """The wrappers every environment of `family` gets: episode statistics, reward shift, frame stacking."""
+    reward_shift = 0.0
+    filters = []
+    if family == 'ogbench':
+        filters = ['.*privileged.*', '.*proprio.*']
+    elif family == 'robomimic':
+        from envs import robomimic_utils
+
+        reward_shift = robomimic_utils.REWARD_SHIFT
+    else:
+        from envs import d4rl_utils
+
+        reward_shift = d4rl_utils.online_reward_shift(env_name)
+    # The monitor sits below the shift: `info['episode']` reports the task's own return, as in the reference and
+    # as D4RL's normalized scores expect, while the agent receives the shifted reward.
+    env = EpisodeMonitor(env, filter_regexes=filters)
+    if reward_shift:
+        env = RewardShiftWrapper(env, reward_shift)
+    if frame_stack is not None:
+        env = FrameStackWrapper(env, frame_stack)
+    return env
+
+
+def make_eval_envs(env_name, num_envs, dataset_dir=None, frame_stack=None, seed=0):
+    """`num_envs` more evaluation environments of `env_name`, wrapped like those of `make_env_and_datasets`.
+
+    For batched evaluation; RoboMimic needs the dataset (its env is built from the file's `env_args`).
+    """
+    family = get_env_family(env_name)
+    raw = []
+    for i in range(num_envs):
+        if family == 'ogbench':
+            from envs import ogbench_utils
+
+            raw.append(ogbench_utils.make_ogbench_env(env_name))
+        elif family == 'robomimic':
+            from envs import robomimic_utils
+
+            path = robomimic_utils.dataset_path(env_name, dataset_dir)
+            raw.append(robomimic_utils.make_robomimic_env(env_name, path, seed=seed + 2000 + i))
+        else:
+            from envs import d4rl_utils
+
+            if d4rl_utils.is_minari_env(env_name):
+                raw.append(d4rl_utils.make_minari_env(d4rl_utils.minari_dataset_path(env_name, dataset_dir)))
+            else:
+                raw.append(d4rl_utils.make_d4rl_env(env_name))
+    return [_wrap_env(e, family, env_name, frame_stack) for e in raw]
 
 
 def dataset_from_arrays(**fields):

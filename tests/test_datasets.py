@@ -204,3 +204,35 @@ def test_replay_buffer_from_initial_dataset_continues_the_offline_data():
     assert not dataset['observations'].flags.writeable
     with pytest.raises(ValueError):
         ReplayBuffer.create_from_initial_dataset(dataset, size=6)
+
+
+@pytest.mark.parametrize('kind', ['state', 'image', 'frame_stack'])
+def test_compact_layout_samples_exactly_like_duplicated_next_observations(kind):
+    options = dict(frame_stack=3) if kind == 'frame_stack' else {}
+    fields = tagged_episodes(LENGTHS, image_shape=(6, 6, 2) if kind == 'image' else None)
+    if kind != 'image':
+        # Within an episode the next observation is the following row's; at episode ends it is not stored there.
+        fields['next_observations'] = np.concatenate([fields['observations'][1:], fields['observations'][-1:] + 100])
+        ends = np.cumsum(LENGTHS) - 1
+        fields['next_observations'][ends] = fields['observations'][ends] + 0.5
+    full = Dataset.create(seed=5, **fields, **options)
+    compact = Dataset.create(seed=5, compact=True, **fields, **options)
+    assert compact.compact and not full.compact
+    for _ in range(3):
+        a, b = full.sample_sequence(64, 4, GAMMA), compact.sample_sequence(64, 4, GAMMA)
+        assert a.keys() == b.keys()
+        for key in a:
+            np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+        a, b = full.sample(32), compact.sample(32)
+        for key in a:
+            np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+    np.testing.assert_array_equal(compact['next_observations'], full['next_observations'])
+    assert set(compact) == set(full)
+    if kind == 'state':
+        # Only the episode-final next observations are stored a second time, plus an index per transition.
+        row_bytes = fields['observations'][0].nbytes
+        expected = full.nbytes() - fields['next_observations'].nbytes + len(LENGTHS) * row_bytes + 4 * full.size
+        assert compact.nbytes() == expected
+    half = compact.take_first(10)
+    assert half.size == 10 and half.compact
+    np.testing.assert_array_equal(half['next_observations'], full['next_observations'][:10])

@@ -123,3 +123,24 @@ def test_bad_inputs_end_with_one_clear_line(data_dir, tmp_path, args, message):
     assert last.startswith('error: ') and message in last, proc.stderr[-2000:]
     # Nothing was started: no run directory.
     assert not glob.glob(os.path.join(tmp_path, '*', '*'))
+
+
+def test_fused_offline_phase_logs_the_same_rows_as_one_update_per_step(data_dir, tmp_path):
+    rows = {}
+    for fused in (1, 5):
+        save_dir = tmp_path / f'fused{fused}'
+        proc = run_main(
+            data_dir,
+            save_dir,
+            '--offline_steps=12',
+            '--online_steps=0',
+            '--log_interval=4',
+            '--eval_interval=0',
+            f'--fused_steps={fused}',
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        rows[fused] = read_csv(os.path.join(only_run_dir(save_dir), 'offline_agent.csv'))
+    assert [r['step'] for r in rows[1]] == [r['step'] for r in rows[5]] == ['4', '8', '12']
+    for a, b in zip(rows[1], rows[5]):
+        for key in ('critic/critic_loss', 'actor/actor_loss', 'grad/norm'):
+            np.testing.assert_allclose(float(a[key]), float(b[key]), rtol=1e-4, err_msg=key)

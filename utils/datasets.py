@@ -38,23 +38,48 @@ def random_crop(images, rng, padding=AUG_PADDING):
     return out
 
 
+def compact_next_observations(observations, next_observations):
+    """Splits next observations into an index into `observations` plus the few that are not stored there.
+
+    Returns (store, next_index): `store` is `observations` followed by every next observation that is not the
+    following row's observation (episode ends), and `next_observations == store[next_index]` exactly.
+    """
+    n = len(observations)
+    follows = np.zeros(n, dtype=bool)
+    if n > 1:
+        same = next_observations[:-1] == observations[1:]
+        follows[:-1] = same.reshape(n - 1, -1).all(axis=1)
+    ends = np.flatnonzero(~follows)
+    index_dtype = np.int32 if n + len(ends) < 2**31 else np.int64
+    next_index = np.arange(1, n + 1, dtype=index_dtype)
+    next_index[ends] = n + np.arange(len(ends))
+    store = np.concatenate([observations, next_observations[ends]], axis=0)
+    return store, next_index
+
+
 class Dataset(Mapping):
     """An immutable mapping from field names to NumPy arrays of equal length, with its own random generator.
 
     Fields used by the samplers: `observations`, `actions`, `rewards`, `masks` (0 where the episode terminated
     by success/failure, so no bootstrapping), `terminals` (1 at the last step of every episode, time limits
     included) and `next_observations`.
+
+    A compact dataset (`create(compact=True)`) stores every observation once: `next_observations` becomes an
+    index into the observations plus the few episode-final observations. Sampling returns exactly the same
+    arrays; reading `dataset['next_observations']` builds the full array on demand.
     """
 
-    def __init__(self, fields, frame_stack=None, p_aug=None, seed=None):
+    def __init__(self, fields, frame_stack=None, p_aug=None, seed=None, obs_store=None, next_index=None):
         self._dict = dict(fields)
+        self._obs_store = obs_store
+        self._next_index = next_index
         self.size = get_size(self._dict)
         self.frame_stack = frame_stack
         self.p_aug = p_aug
         self.rng = np.random.default_rng(seed)
 
     @classmethod
-    def create(cls, freeze=True, frame_stack=None, p_aug=None, seed=None, **fields):
+    def create(cls, freeze=True, frame_stack=None, p_aug=None, seed=None, compact=False, **fields):
         """Builds a dataset from arrays given as keyword arguments.
 
         Args:
@@ -62,30 +87,80 @@ class Dataset(Mapping):
             frame_stack: Number of consecutive observations to concatenate on the last axis (None: no stacking).
             p_aug: Probability that a sampled batch of images is randomly cropped (None: never).
             seed: Seed of the dataset's own random generator.
+            compact: Store each observation once (next observations by index); same samples, less memory.
             **fields: The arrays; `observations` is required.
         """
         if 'observations' not in fields:
             raise ValueError('A dataset needs an `observations` field.')
         fields = {k: np.asarray(v) for k, v in fields.items()}
+        obs_store = next_index = None
+        if compact and 'next_observations' in fields:
+            obs_store, next_index = compact_next_observations(fields['observations'], fields.pop('next_observations'))
+            fields['observations'] = obs_store[: len(next_index)]
         if freeze:
-            for arr in fields.values():
-                arr.setflags(write=False)
-        return cls(fields, frame_stack=frame_stack, p_aug=p_aug, seed=seed)
+            for arr in [*fields.values(), obs_store, next_index]:
+                if arr is not None:
+                    arr.setflags(write=False)
+        return cls(fields, frame_stack=frame_stack, p_aug=p_aug, seed=seed, obs_store=obs_store, next_index=next_index)
+
+    @property
+    def compact(self):
+        """True when next observations are stored by index."""
+        return self._next_index is not None
+
+    def _keys(self):
+        return [*self._dict, 'next_observations'] if self.compact else list(self._dict)
 
     def __getitem__(self, key):
+        if key == 'next_observations' and self.compact:
+            return self._obs_store[self._next_index[: self.size]]
         return self._dict[key]
 
     def __iter__(self):
-        return iter(self._dict)
+        return iter(self._keys())
 
     def __len__(self):
-        return len(self._dict)
+        return len(self._keys())
+
+    def nbytes(self):
+        """Bytes held by the dataset's arrays (shared storage counted once)."""
+        arrays = [v for k, v in self._dict.items() if not (self.compact and k == 'observations')]
+        if self.compact:
+            arrays += [self._obs_store, self._next_index]
+        return int(sum(a.nbytes for a in arrays))
+
+    def bytes_per_transition(self):
+        """`nbytes()` per stored transition."""
+        return self.nbytes() / max(self.size, 1)
+
+    def _next_observations(self, phys):
+        if self.compact:
+            return self._obs_store[self._next_index[phys]]
+        return self._dict['next_observations'][phys]
 
     def copy(self, add_or_replace=None):
         """A new dataset with some fields added or replaced, the same options and a generator in the same state."""
+        updates = dict(add_or_replace or {})
         fields = dict(self._dict)
-        fields.update(add_or_replace or {})
-        new = Dataset(fields, frame_stack=self.frame_stack, p_aug=self.p_aug)
+        obs_store, next_index = self._obs_store, self._next_index
+        if self.compact and ('observations' in updates or 'next_observations' in updates):
+            # New observations break the shared storage: fall back to two plain arrays.
+            fields['next_observations'] = self['next_observations']
+            obs_store = next_index = None
+        fields.update(updates)
+        new = Dataset(
+            fields, frame_stack=self.frame_stack, p_aug=self.p_aug, obs_store=obs_store, next_index=next_index
+        )
+        new.rng.bit_generator.state = self.rng.bit_generator.state
+        return new
+
+    def take_first(self, size):
+        """The first `size` transitions as a new dataset (same options, generator state and layout)."""
+        fields = {k: v[:size] for k, v in self._dict.items()}
+        next_index = None if self._next_index is None else self._next_index[:size]
+        new = Dataset(
+            fields, frame_stack=self.frame_stack, p_aug=self.p_aug, obs_store=self._obs_store, next_index=next_index
+        )
         new.rng.bit_generator.state = self.rng.bit_generator.state
         return new
 
@@ -100,7 +175,10 @@ class Dataset(Mapping):
 
     def get_subset(self, idxs):
         """Fields at the given physical indices."""
-        return {k: v[idxs] for k, v in self._dict.items()}
+        subset = {k: v[idxs] for k, v in self._dict.items()}
+        if self.compact:
+            subset['next_observations'] = self._next_observations(idxs)
+        return subset
 
     def _frame_indices(self, logical):
         """Logical indices of the `frame_stack` frames ending at `logical`, oldest first, clamped at episode starts."""
@@ -118,13 +196,13 @@ class Dataset(Mapping):
 
     def _stacked_observations(self, logical):
         """Observations and next observations at `logical` (any shape), frame-stacked if enabled."""
-        obs, next_obs = self._dict['observations'], self._dict['next_observations']
+        obs = self._dict['observations']
         if self.frame_stack is None:
             phys = self._physical(logical)
-            return obs[phys], next_obs[phys]
+            return obs[phys], self._next_observations(phys)
         frames = [self._physical(f) for f in self._frame_indices(logical)]
         stacked = np.concatenate([obs[f] for f in frames], axis=-1)
-        next_stacked = np.concatenate([obs[f] for f in frames[1:]] + [next_obs[frames[-1]]], axis=-1)
+        next_stacked = np.concatenate([obs[f] for f in frames[1:]] + [self._next_observations(frames[-1])], axis=-1)
         return stacked, next_stacked
 
     def _augment(self, batch, keys):

@@ -4,7 +4,6 @@ import functools
 import glob
 import os
 import pickle
-import tempfile
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -13,6 +12,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
+
+from utils.io_utils import atomic_write_bytes
 
 nonpytree_field = functools.partial(flax.struct.field, pytree_node=False)
 
@@ -117,23 +118,6 @@ def scan_updates(update_fn, agent, batches):
     """Applies `update_fn(agent, batch) -> (agent, info)` over the leading axis of `batches`; infos are averaged."""
     agent, infos = jax.lax.scan(update_fn, agent, batches)
     return agent, jax.tree_util.tree_map(lambda x: x.mean(axis=0), infos)
-
-
-def atomic_write_bytes(path, data):
-    """Writes `data` to `path` so that a reader sees either the old file or the complete new one."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp_path = tempfile.mkstemp(dir=directory, prefix='.tmp_', suffix=os.path.basename(path))
-    try:
-        with os.fdopen(fd, 'wb') as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp_path, path)
-    except BaseException:
-        if os.path.exists(tmp_path):
-            os.remove(tmp_path)
-        raise
 
 
 def save_agent(agent, save_dir, step):

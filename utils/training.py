@@ -17,6 +17,8 @@ from ml_collections import config_flags
 
 from utils.datasets import Dataset
 
+FUSED_BLOCK_BYTES = 256 * 2**20  # Upper bound on the host memory of one block of pre-sampled offline batches.
+
 
 class UsageError(Exception):
     """A bad flag or input; the drivers print its one-line message and exit non-zero without a traceback."""
@@ -78,17 +80,18 @@ def sparsify_rewards(rewards):
     return (np.asarray(rewards) != 0.0) * -1.0
 
 
-def process_dataset(dataset, dataset_proportion=1.0, sparse=False):
-    """Keeps the first `dataset_proportion` of the transitions and optionally sparsifies the rewards."""
-    fields = dict(dataset)
+def process_dataset(dataset, dataset_proportion=1.0, sparse=False, compact=True):
+    """Keeps the first `dataset_proportion` of the transitions, optionally sparsifies the rewards, and (by default)
+    stores each observation once; the sampled batches are the same either way."""
+    if compact and not dataset.compact:
+        rebuilt = Dataset.create(frame_stack=dataset.frame_stack, p_aug=dataset.p_aug, compact=True, **dict(dataset))
+        rebuilt.rng.bit_generator.state = dataset.rng.bit_generator.state
+        dataset = rebuilt
     if dataset_proportion < 1.0:
-        new_size = int(dataset.size * dataset_proportion)
-        fields = {k: v[:new_size] for k, v in fields.items()}
+        dataset = dataset.take_first(int(dataset.size * dataset_proportion))
     if sparse:
-        fields['rewards'] = sparsify_rewards(fields['rewards']).astype(np.float32)
-    new = Dataset.create(frame_stack=dataset.frame_stack, p_aug=dataset.p_aug, **fields)
-    new.rng.bit_generator.state = dataset.rng.bit_generator.state
-    return new
+        dataset = dataset.copy(add_or_replace=dict(rewards=sparsify_rewards(dataset['rewards']).astype(np.float32)))
+    return dataset
 
 
 def create_agent(agent_classes, config, seed, dataset):
@@ -111,6 +114,39 @@ def is_eval_step(step, last_step, eval_interval):
 def every(step, interval):
     """True on multiples of a positive `interval`."""
     return interval > 0 and step % interval == 0
+
+
+def block_end(step, max_steps, last_step, intervals=(), before=()):
+    """Last step of a block of at most `max_steps` updates that follows `step`.
+
+    The block never runs past `last_step` or the next multiple of any positive interval in `intervals` (steps that
+    log, save or evaluate end a block), and stops just before the next multiple of any positive interval in
+    `before` (steps that must begin a block, such as a dataset shard change).
+    """
+    first = step + 1
+    end = min(step + max_steps, last_step)
+    for interval in intervals:
+        if interval > 0:
+            end = min(end, -(-first // interval) * interval)
+    for interval in before:
+        if interval > 0:
+            end = min(end, (first // interval + 1) * interval - 1)
+    return max(end, first)
+
+
+@jax.jit
+def fused_updates(agent, batches):
+    """Runs `agent.update` over the leading axis of `batches` in one compiled scan; returns the last step's info.
+
+    Same update sequence as calling `update` once per batch, without a host round trip per update.
+    """
+    agent, infos = jax.lax.scan(lambda a, b: a.update(b), agent, batches)
+    return agent, jax.tree_util.tree_map(lambda x: x[-1], infos)
+
+
+def stack_batches(batches):
+    """Stacks a list of batches (dicts of arrays) into one with a leading axis."""
+    return {k: np.stack([b[k] for b in batches]) for k in batches[0]}
 
 
 class OnlineActor:
@@ -178,6 +214,14 @@ def episode_metrics(info):
     return metrics
 
 
+def mean_metrics(rows):
+    """Per-key means of a list of metric dicts, plus `episodes`, the number of rows."""
+    keys = {k for row in rows for k in row}
+    means = {k: float(np.mean([row[k] for row in rows if k in row])) for k in sorted(keys)}
+    means['episodes'] = len(rows)
+    return means
+
+
 def scalar_info(info):
     """Python floats of a JAX/NumPy info dict (one device-to-host transfer)."""
     return {k: float(v) for k, v in jax.device_get(info).items()}
@@ -204,6 +248,7 @@ def define_flags(offline, buffer_size, agent_file):
     flags.DEFINE_string('dataset_dir', None, 'Dataset location (default per family, e.g. ~/.ogbench/data).')
     if offline:
         flags.DEFINE_integer('offline_steps', 1000000, 'Offline gradient steps.')
+        flags.DEFINE_integer('fused_steps', 100, 'Offline updates per compiled call (1: one call per update).')
     flags.DEFINE_integer('online_steps', 1000000, 'Online environment steps.')
     flags.DEFINE_integer('buffer_size', buffer_size, 'Replay buffer capacity.')
     flags.DEFINE_integer('log_interval', 5000, 'Steps between training-metric logs.')
@@ -215,6 +260,7 @@ def define_flags(offline, buffer_size, agent_file):
     flags.DEFINE_integer('eval_episodes', 50, 'Evaluation episodes.')
     flags.DEFINE_integer('video_episodes', 0, 'Rendered evaluation episodes.')
     flags.DEFINE_integer('video_frame_skip', 3, 'Keep one rendered frame every this many steps.')
+    flags.DEFINE_integer('eval_envs', 10, 'Environment copies stepped in lockstep during evaluation (1: sequential).')
     flags.DEFINE_float('dataset_proportion', 1.0, 'Fraction of the offline dataset to use (its first transitions).')
     if offline:
         flags.DEFINE_integer('dataset_replace_interval', 1000, 'Offline steps between dataset shards.')
@@ -246,6 +292,8 @@ class Trainer:
             horizon_length=1,
             offline_steps=0,
             dataset_replace_interval=0,
+            fused_steps=1,
+            eval_envs=1,
         )
         check_flags(f, {k: v for k, v in minimums.items() if k in f}, proportions=('dataset_proportion',))
         self.config = resolve_agent_config(f.agent, f, argv)
@@ -265,6 +313,13 @@ class Trainer:
             from envs.ogbench_utils import OGBenchShardCycler
 
             self.shards = OGBenchShardCycler(f.env_name, shard_dir, seed=f.seed)
+        num_eval_envs = min(f.eval_envs, f.eval_episodes + f.video_episodes)
+        self.eval_envs = None
+        if num_eval_envs > 1:
+            from envs.env_utils import make_eval_envs
+
+            extra = make_eval_envs(f.env_name, num_eval_envs - 1, dataset_dir=f.dataset_dir, seed=f.seed)
+            self.eval_envs = [self.eval_env, *extra]
         self.train_dataset = process_dataset(dataset, f.dataset_proportion, f.sparse)
         self.agent = create_agent(agent_classes, self.config, f.seed, self.train_dataset)
         self.action_dim = self.train_dataset['actions'].shape[-1]
@@ -301,6 +356,7 @@ class Trainer:
             video_frame_skip=f.video_frame_skip,
             seed=f.seed * 100_000,
             record_trajectories=False,
+            envs=self.eval_envs,
         )
         self.loggers.log('eval', stats, self.log_step)
         if renders:
@@ -325,15 +381,40 @@ class Trainer:
             bar.set_postfix(self.postfix, refresh=False)
 
     def offline_phase(self):
-        """`offline_steps` updates on dataset chunks, cycling dataset shards when given."""
+        """`offline_steps` updates on dataset chunks, cycling dataset shards when given.
+
+        Updates run in blocks of up to `fused_steps` per compiled call (`fused_updates`) on batches sampled in the
+        same order as one update per step; blocks end on every step that logs, saves or evaluates, so those
+        happen exactly where the flags put them. `--fused_steps=1` is the reference's one-call-per-update loop.
+        """
         f = self.flags
         phase_start = time.time()
-        bar = tqdm.trange(1, f.offline_steps + 1, desc='offline', dynamic_ncols=True, disable=f.offline_steps == 0)
-        for i in bar:
-            self.log_step += 1
-            if self.shards is not None and every(i, f.dataset_replace_interval):
+        batch_size = self.config['batch_size']
+        # Cap the pre-sampled block so its host copy stays small (image observations); a sampled chunk holds about
+        # two copies of every field per step.
+        chunk_bytes = 2 * self.config['horizon_length'] * sum(v[0].nbytes for v in self.train_dataset.values())
+        max_block = max(1, min(f.fused_steps, FUSED_BLOCK_BYTES // (chunk_bytes * batch_size)))
+        replace_interval = f.dataset_replace_interval if self.shards is not None else 0
+        bar = tqdm.tqdm(total=f.offline_steps, desc='offline', dynamic_ncols=True, disable=f.offline_steps == 0)
+        i = 0
+        while i < f.offline_steps:
+            if every(i + 1, replace_interval):
                 self.train_dataset = process_dataset(self.shards.next(), f.dataset_proportion, f.sparse)
-            self.agent, info = self.agent.update(self.sample_dataset_chunks(self.config['batch_size']))
+            end = block_end(
+                i,
+                max_block,
+                f.offline_steps,
+                (f.log_interval, f.save_interval, f.eval_interval),
+                before=(replace_interval,),
+            )
+            batches = [self.sample_dataset_chunks(batch_size) for _ in range(end - i)]
+            if max_block == 1:
+                self.agent, info = self.agent.update(batches[0])
+            else:
+                self.agent, info = fused_updates(self.agent, stack_batches(batches))
+            self.log_step += end - i
+            bar.update(end - i)
+            i = end
             self._after_step(i, f.offline_steps, 'offline_agent', info, phase_start, bar)
         bar.close()
         self.phase_times['offline_time'] = time.time() - phase_start
@@ -358,6 +439,7 @@ class Trainer:
         )
         action_rng = np.random.default_rng(f.seed)
         states = dict(steps=[], qpos=[], qvel=[], button_states=[])
+        finished_episodes = []  # Episode statistics since the last `env` log row.
         bar = tqdm.trange(1, f.online_steps + 1, desc='online', dynamic_ncols=True, disable=f.online_steps == 0)
         for i in bar:
             self.log_step += 1
@@ -369,7 +451,10 @@ class Trainer:
                 for key, value in actor.last_state.items():
                     states[key].append(value)
             if done:
-                self.loggers.log('env', episode_metrics(info), self.log_step)
+                finished_episodes.append(episode_metrics(info))
+            if finished_episodes and every(i, f.log_interval):
+                self.loggers.log('env', mean_metrics(finished_episodes), self.log_step)
+                finished_episodes = []
             update_info = None
             if i >= f.start_training:
                 self.agent, update_info = self.agent.batch_update(sample_batch())
@@ -377,7 +462,7 @@ class Trainer:
         bar.close()
         self.phase_times['online_time'] = time.time() - phase_start
         if f.save_all_online_states and states['steps']:
-            from utils.flax_utils import atomic_write_bytes
+            from utils.io_utils import atomic_write_bytes
 
             data = {k: np.stack(v) for k, v in states.items() if v}
             data.update(self.phase_times)
