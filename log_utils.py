@@ -125,6 +125,27 @@ class CsvLogger:
             self._file = None
 
 
+def drop_rows_after(path, step):
+    """Rewrites a CSV log without its rows after `step` (those a resumed run logs again); no-op if absent."""
+    if not os.path.exists(path):
+        return
+    with open(path, newline='') as f:
+        rows = list(csv.reader(f))
+    if not rows:
+        return
+    header, body = rows[0], rows[1:]
+    kept = [row for row in body if row and float(row[0]) <= step]
+    if len(kept) == len(body):
+        return
+
+    def write(f):
+        writer = csv.writer(f)
+        writer.writerow(header)
+        writer.writerows(kept)
+
+    atomic_write(path, write, newline='')
+
+
 class Loggers:
     """One `CsvLogger` per prefix (`run_dir/eval.csv`, ...), mirrored to wandb as `prefix/key` when a run is given.
 
@@ -310,12 +331,22 @@ def resolve_wandb_mode(mode=None):
 
 
 def setup_wandb(
-    project, group=None, name=None, config=None, mode=None, dir=None, entity=None, tags=None, init_timeout=15
+    project,
+    group=None,
+    name=None,
+    config=None,
+    mode=None,
+    dir=None,
+    entity=None,
+    tags=None,
+    init_timeout=15,
+    run_id=None,
 ):
     """Starts a wandb run without ever prompting; returns the run, or None when wandb is disabled or unavailable.
 
     The mode is chosen by `resolve_wandb_mode`. An online start that fails (e.g. no network within `init_timeout`
-    seconds) is retried offline; if that fails too, logging continues with CSV only.
+    seconds) is retried offline; if that fails too, logging continues with CSV only. With `run_id` (a resumed
+    run) the same wandb run is continued.
     """
     if resolve_wandb_mode(mode) == 'disabled':
         return None
@@ -329,6 +360,8 @@ def setup_wandb(
     kwargs = dict(
         project=project, group=group, name=name, config=_jsonable(config or {}), dir=dir, entity=entity, tags=tags
     )
+    if run_id is not None:
+        kwargs.update(id=run_id, resume='allow')
     for attempt in [mode, 'offline'] if mode == 'online' else [mode]:
         try:
             settings = wandb.Settings(init_timeout=init_timeout)

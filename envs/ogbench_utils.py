@@ -156,6 +156,12 @@ class OGBenchShardCycler:
         self.index = (self.index + 1) % len(self.paths)
         return self.current()
 
+    def seek(self, index):
+        """Makes shard `index` the current one (a resumed run continues on the shard it was using)."""
+        self._current = None
+        self.index = index % len(self.paths)
+        return self.current()
+
     def val_dataset(self):
         """Validation set of the current shard, or None when the shard has no `-val.npz` sibling."""
         val_path = self.current_path.replace('.npz', '-val.npz')

@@ -73,9 +73,7 @@ class NonFiniteError(Exception):
         if not params_finite:
             parts.append('the parameters contain NaN/inf')
         where = (
-            f'the last good checkpoint is {last_checkpoint}'
-            if last_checkpoint
-            else 'no checkpoint was saved before it'
+            f'the last good checkpoint is {last_checkpoint}' if last_checkpoint else 'no checkpoint was saved before it'
         )
         super().__init__(f'non-finite values at step {step}: {", ".join(parts)}; {where}')
 

@@ -325,3 +325,22 @@ class ReplayBuffer(Dataset):
     def clear(self):
         """Forgets every stored transition (the storage is kept)."""
         self.size = self.pointer = 0
+
+    def state_dict(self):
+        """The stored transitions, write pointer and sampling generator state, for a checkpoint."""
+        return dict(
+            fields={k: v[: self.size] for k, v in self._dict.items()},
+            size=self.size,
+            pointer=self.pointer,
+            rng=self.rng.bit_generator.state,
+        )
+
+    def load_state(self, state):
+        """Restores `state_dict()` output into a buffer of the same capacity and fields."""
+        size = state['size']
+        if size > self.max_size or set(state['fields']) != set(self._dict):
+            raise ValueError(f'checkpointed buffer ({size} transitions) does not fit this buffer ({self.max_size})')
+        for k, v in state['fields'].items():
+            self._dict[k][:size] = v
+        self.size, self.pointer = size, state['pointer']
+        self.rng.bit_generator.state = state['rng']

@@ -24,16 +24,28 @@ class UsageError(Exception):
     """A bad flag or input; the drivers print its one-line message and exit non-zero without a traceback."""
 
 
+class StopTraining(Exception):
+    """A requested stop (SIGTERM/SIGINT or `--max_runtime`) after a checkpoint was written; the run exits 0."""
+
+
 def exit_on_user_errors(main_fn):
-    """Wraps an absl `main(argv)` so user errors end with one line on stderr and exit status 2."""
+    """Wraps an absl `main(argv)`: user errors end with one line on stderr and exit status 2, a non-finite loss
+    with one line and status 1, and a requested stop (checkpoint written) with one line and status 0."""
     from envs.env_utils import EnvError
+    from utils.checkpoints import CheckpointError, DatasetMismatchError, NonFiniteError
 
     def wrapped(argv):
         try:
             return main_fn(argv)
-        except (UsageError, EnvError) as e:
+        except (UsageError, EnvError, CheckpointError, DatasetMismatchError) as e:
             print(f'error: {e}', file=sys.stderr, flush=True)
             sys.exit(2)
+        except NonFiniteError as e:
+            print(f'error: {e}', file=sys.stderr, flush=True)
+            sys.exit(1)
+        except StopTraining as e:
+            print(str(e), file=sys.stderr, flush=True)
+            sys.exit(0)
 
     return wrapped
 
@@ -268,34 +280,37 @@ def define_flags(offline, buffer_size, agent_file):
     flags.DEFINE_integer('horizon_length', 5, 'Action chunk length H (also sets the agent config).')
     flags.DEFINE_bool('sparse', False, 'Sparse rewards: -1 on every non-success step (scene, puzzle).')
     flags.DEFINE_bool('save_all_online_states', False, 'Save qpos/qvel (and button states) of every online step.')
+    flags.DEFINE_string('exp_name', None, 'Run directory name under save_dir/run_group (default: a unique name).')
+    flags.DEFINE_bool('resume', False, 'Continue the run --exp_name from its latest checkpoint (fresh start if none).')
+    flags.DEFINE_integer('keep_checkpoints', 3, 'Full training checkpoints kept in <run_dir>/checkpoints.')
+    flags.DEFINE_float('max_runtime', 0, 'Seconds after which the run checkpoints and exits cleanly (0: no limit).')
     config_flags.DEFINE_config_file('agent', agent_file, lock_config=False)
 
 
 class Trainer:
-    """One run: flags checked, run directory, environments, data, agent, loggers, and the training phases."""
+    """One run: flags checked, run directory, environments, data, agent, loggers, checkpoints, training phases.
+
+    Full checkpoints (agent with optimizer state and key, data and action generators, replay buffer, counters) go
+    to `<run_dir>/checkpoints` every `save_interval` steps and when a stop is requested; `--resume` continues from
+    the newest valid one. Params-only `params_<step>.pkl` files are written beside them for notebooks.
+    """
 
     def __init__(self, flags_obj, argv, agent_classes):
         from envs.env_utils import make_env_and_datasets
-        from log_utils import Loggers, get_exp_name, get_flag_dict, save_flags, setup_wandb
+        from log_utils import get_exp_name
+        from utils.checkpoints import CheckpointManager, StopRequest, check_dataset_matches_env
 
         self.flags = f = flags_obj
         minimums = dict(
-            online_steps=0,
-            buffer_size=1,
-            log_interval=1,
-            eval_interval=0,
-            start_training=0,
-            utd_ratio=1,
-            eval_episodes=0,
-            video_episodes=0,
-            video_frame_skip=1,
-            horizon_length=1,
-            offline_steps=0,
-            dataset_replace_interval=0,
-            fused_steps=1,
-            eval_envs=1,
-        )
+            online_steps=0, buffer_size=1, log_interval=1, eval_interval=0, start_training=0, utd_ratio=1,
+            eval_episodes=0, video_episodes=0, video_frame_skip=1, horizon_length=1, offline_steps=0,
+            dataset_replace_interval=0, fused_steps=1, eval_envs=1, keep_checkpoints=1,
+        )  # fmt: skip
         check_flags(f, {k: v for k, v in minimums.items() if k in f}, proportions=('dataset_proportion',))
+        if f.max_runtime < 0:
+            raise UsageError(f'--max_runtime must be >= 0, got {f.max_runtime}')
+        if f.resume and not f.exp_name:
+            raise UsageError('--resume needs --exp_name, the name of the run directory to continue')
         self.config = resolve_agent_config(f.agent, f, argv)
         for name in ('dataset_dir', 'ogbench_dataset_dir'):
             path = getattr(f, name, None)
@@ -303,11 +318,22 @@ class Trainer:
                 raise UsageError(f'--{name} {path} is not a directory')
 
         group_dir = run_dir_for(f.save_dir, f.run_group, '')  # Fails early on an unwritable save_dir.
+        self.exp_name = f.exp_name or get_exp_name(f.seed, env_name=f.env_name)
+        self.run_dir = os.path.join(group_dir, self.exp_name)
+        checkpoint_dir = os.path.join(self.run_dir, 'checkpoints')
+        has_checkpoints = os.path.isdir(checkpoint_dir) and any(
+            n.startswith('ckpt_') for n in os.listdir(checkpoint_dir)
+        )
+        if not f.resume and has_checkpoints:
+            raise UsageError(
+                f'{self.run_dir} already holds checkpoints; add --resume to continue it, or pick another --exp_name'
+            )
 
         shard_dir = getattr(f, 'ogbench_dataset_dir', None)
         self.env, self.eval_env, dataset, _ = make_env_and_datasets(
             f.env_name, dataset_dir=f.dataset_dir, ogbench_dataset_dir=shard_dir, seed=f.seed
         )
+        check_dataset_matches_env(dataset, self.env)
         self.shards = None
         if shard_dir is not None:
             from envs.ogbench_utils import OGBenchShardCycler
@@ -324,19 +350,96 @@ class Trainer:
         self.agent = create_agent(agent_classes, self.config, f.seed, self.train_dataset)
         self.action_dim = self.train_dataset['actions'].shape[-1]
 
+        self.log_step = 0
+        self.postfix = {}
+        self.phase_times = {}
+        self.resume_state = None
         # The run directory is made only once everything above was accepted.
-        self.exp_name = get_exp_name(f.seed, env_name=f.env_name)
-        self.run_dir = run_dir_for(group_dir, '', self.exp_name)
+        self._check_disk()
+        self.checkpoints = CheckpointManager(checkpoint_dir, keep=f.keep_checkpoints)
+        if f.resume:
+            loaded = self.checkpoints.load_latest()
+            if loaded is None:
+                print(f'No checkpoint in {checkpoint_dir}; starting {self.exp_name} from scratch.', flush=True)
+            else:
+                self._restore(loaded[0])
+        self._open_logs()
+        self.stop = StopRequest(max_runtime=f.max_runtime or None)
+
+    def _check_disk(self):
+        """Refuses to start when the disk cannot hold `keep + 1` checkpoints of a full replay buffer and agent."""
+        from utils.checkpoints import check_disk_space, estimate_buffer_bytes
+
+        example = {k: v[0] for k, v in self.train_dataset.items()}
+        agent_bytes = sum(np.asarray(x).nbytes for x in jax.tree_util.tree_leaves(self.agent))
+        per_checkpoint = estimate_buffer_bytes(example, self.flags.buffer_size) + agent_bytes
+        check_disk_space(self.run_dir, (self.flags.keep_checkpoints + 1) * per_checkpoint, 'checkpoints')
+
+    def _open_logs(self):
+        from log_utils import Loggers, drop_rows_after, get_flag_dict, save_flags, setup_wandb
+
+        f = self.flags
+        run_dir_for(self.run_dir, '', '')
         flag_dict = get_flag_dict()
         flag_dict['agent'] = self.config.to_dict()
         save_flags(self.run_dir, flag_dict)
-        wandb_run = setup_wandb(project='qc', group=f.run_group, name=self.exp_name, config=flag_dict, dir=self.run_dir)
-        self.wandb_run = wandb_run
-        self.loggers = Loggers(self.run_dir, wandb_run=wandb_run)
-        self.log_step = 0
-        self.postfix = {}
-        self.start_time = time.time()
-        self.phase_times = {}
+        if self.resume_state is not None:
+            # Rows logged after the checkpoint are logged again by the resumed run.
+            for name in os.listdir(self.run_dir):
+                if name.endswith('.csv'):
+                    drop_rows_after(os.path.join(self.run_dir, name), self.log_step)
+        run_id = None if self.resume_state is None else self.resume_state.get('wandb_id')
+        self.wandb_run = setup_wandb(
+            project='qc', group=f.run_group, name=self.exp_name, config=flag_dict, dir=self.run_dir, run_id=run_id
+        )
+        self.loggers = Loggers(self.run_dir, wandb_run=self.wandb_run)
+
+    def _restore(self, state):
+        """Restores what every phase shares; the phase loops restore their own part from `resume_state`."""
+        import flax
+
+        self.resume_state = state
+        self.agent = flax.serialization.from_state_dict(self.agent, state['agent'])
+        self.log_step = state['log_step']
+        self.phase_times = dict(state['phase_times'])
+        if self.shards is not None and state.get('shard_index') is not None:
+            shard = self.shards.seek(state['shard_index'])
+            self.train_dataset = process_dataset(shard, self.flags.dataset_proportion, self.flags.sparse)
+        self.train_dataset.rng.bit_generator.state = state['dataset_rng']
+        print(f'Resuming {self.exp_name} at step {self.log_step} ({state["phase"]} phase).', flush=True)
+
+    def _resume_point(self, phase):
+        """Steps of `phase` already done: 0 for a fresh phase, all of them for a finished one."""
+        state = self.resume_state
+        if state is None:
+            return 0
+        if state['phase'] == phase:
+            return state['phase_step']
+        order = ('offline', 'online')
+        return None if order.index(state['phase']) > order.index(phase) else 0
+
+    def save_checkpoint(self, phase, step, online=None):
+        """Writes a full checkpoint at the end of `step` of `phase`; `online` holds the online loop's state."""
+        import flax
+
+        from utils.checkpoints import NonFiniteError, tree_is_finite
+
+        if not tree_is_finite(self.agent.network.params):
+            raise NonFiniteError(
+                self.log_step, ['params'], params_finite=False, last_checkpoint=self.checkpoints.last_path
+            )
+        state = dict(
+            phase=phase,
+            phase_step=step,
+            log_step=self.log_step,
+            agent=jax.device_get(flax.serialization.to_state_dict(self.agent)),
+            dataset_rng=self.train_dataset.rng.bit_generator.state,
+            shard_index=None if self.shards is None else self.shards.index,
+            phase_times=dict(self.phase_times),
+            wandb_id=None if self.wandb_run is None else self.wandb_run.id,
+            online=online,
+        )
+        return self.checkpoints.save(state, self.log_step)
 
     def sample_dataset_chunks(self, batch_size):
         """Chunks of the (processed) offline dataset at the config's horizon and discount."""
@@ -364,21 +467,38 @@ class Trainer:
         self.postfix['eval_success'] = stats.get('success', float('nan'))
         return stats
 
-    def _after_step(self, i, last_step, prefix, info, phase_start, bar):
+    def _after_step(self, phase, i, last_step, info, phase_start, bar, online_state=None):
+        """Logging, evaluation, checkpoints and stop requests at the end of step `i` of `phase`.
+
+        The checkpoint comes last, so everything a step logs is on disk before a checkpoint says the step is done.
+        """
+        from utils.checkpoints import check_finite
         from utils.flax_utils import save_agent
 
         f = self.flags
         if info is not None and every(i, f.log_interval):
             info = scalar_info(info)
+            check_finite(info, self.log_step, last_checkpoint=self.checkpoints.last_path)
             info['time/total'] = time.time() - phase_start
-            self.loggers.log(prefix, info, self.log_step)
+            self.loggers.log(f'{phase}_agent', info, self.log_step)
             self.postfix.update(critic=info.get('critic/critic_loss'), actor=info.get('actor/actor_loss'))
             bar.set_postfix(self.postfix, refresh=False)
-        if every(i, f.save_interval):
-            save_agent(self.agent, self.run_dir, self.log_step)
         if is_eval_step(i, last_step, f.eval_interval):
             self.evaluate()
             bar.set_postfix(self.postfix, refresh=False)
+        stopping = self.stop.should_stop()
+        if every(i, f.save_interval) or stopping:
+            self.phase_times[f'{phase}_time'] = time.time() - phase_start
+            self.save_checkpoint(phase, i, online=online_state() if online_state else None)
+            if every(i, f.save_interval):
+                save_agent(self.agent, self.run_dir, self.log_step)
+        if stopping:
+            bar.close()
+            self.finish(quiet=True)
+            raise StopTraining(
+                f'Stopped at step {self.log_step} ({self.stop.reason}); checkpoint written. Continue with: '
+                f'--exp_name={self.exp_name} --resume'
+            )
 
     def offline_phase(self):
         """`offline_steps` updates on dataset chunks, cycling dataset shards when given.
@@ -387,16 +507,22 @@ class Trainer:
         same order as one update per step; blocks end on every step that logs, saves or evaluates, so those
         happen exactly where the flags put them. `--fused_steps=1` is the reference's one-call-per-update loop.
         """
+        from utils.checkpoints import check_finite
+
         f = self.flags
-        phase_start = time.time()
+        i = self._resume_point('offline')
+        if i is None:
+            return
+        phase_start = time.time() - self.phase_times.get('offline_time', 0.0)
         batch_size = self.config['batch_size']
         # Cap the pre-sampled block so its host copy stays small (image observations); a sampled chunk holds about
         # two copies of every field per step.
         chunk_bytes = 2 * self.config['horizon_length'] * sum(v[0].nbytes for v in self.train_dataset.values())
         max_block = max(1, min(f.fused_steps, FUSED_BLOCK_BYTES // (chunk_bytes * batch_size)))
         replace_interval = f.dataset_replace_interval if self.shards is not None else 0
-        bar = tqdm.tqdm(total=f.offline_steps, desc='offline', dynamic_ncols=True, disable=f.offline_steps == 0)
-        i = 0
+        bar = tqdm.tqdm(
+            total=f.offline_steps, initial=i, desc='offline', dynamic_ncols=True, disable=f.offline_steps == 0
+        )
         while i < f.offline_steps:
             if every(i + 1, replace_interval):
                 self.train_dataset = process_dataset(self.shards.next(), f.dataset_proportion, f.sparse)
@@ -415,7 +541,9 @@ class Trainer:
             self.log_step += end - i
             bar.update(end - i)
             i = end
-            self._after_step(i, f.offline_steps, 'offline_agent', info, phase_start, bar)
+            # One small transfer per block: a NaN stops the run before it reaches a log row or a checkpoint.
+            check_finite(scalar_info(info), self.log_step, last_checkpoint=self.checkpoints.last_path)
+            self._after_step('offline', i, f.offline_steps, info, phase_start, bar)
         bar.close()
         self.phase_times['offline_time'] = time.time() - phase_start
 
@@ -424,12 +552,14 @@ class Trainer:
 
         From `start_training` on, each step runs `utd_ratio` updates fused in one `batch_update` on
         `sample_batch()`, whose leaves are shaped (utd_ratio, batch_size, ...). The first `random_steps` steps take
-        uniform random actions.
+        uniform random actions. A resumed run restores the buffer and generators and starts a new episode.
         """
         from envs.env_state import get_env_state
 
         f = self.flags
-        phase_start = time.time()
+        start = self._resume_point('online')
+        if start is None:
+            return
         actor = OnlineActor(
             self.env,
             self.action_dim,
@@ -438,9 +568,30 @@ class Trainer:
             state_fn=get_env_state if f.save_all_online_states else None,
         )
         action_rng = np.random.default_rng(f.seed)
-        states = dict(steps=[], qpos=[], qvel=[], button_states=[])
         finished_episodes = []  # Episode statistics since the last `env` log row.
-        bar = tqdm.trange(1, f.online_steps + 1, desc='online', dynamic_ncols=True, disable=f.online_steps == 0)
+        states = dict(steps=[], qpos=[], qvel=[], button_states=[])
+        if start > 0:
+            saved = self.resume_state['online']
+            replay_buffer.load_state(saved['buffer'])
+            actor.rng = jax.numpy.asarray(saved['actor_rng'])
+            action_rng.bit_generator.state = saved['action_rng']
+            finished_episodes = list(saved['finished_episodes'])
+            states = {k: list(v) for k, v in saved['states'].items()}
+
+        def online_state():
+            return dict(
+                buffer=replay_buffer.state_dict(),
+                actor_rng=np.asarray(actor.rng),
+                action_rng=action_rng.bit_generator.state,
+                finished_episodes=list(finished_episodes),
+                states=states,
+            )
+
+        phase_start = time.time() - self.phase_times.get('online_time', 0.0)
+        bar = tqdm.trange(
+            start + 1, f.online_steps + 1, initial=start, total=f.online_steps, desc='online', dynamic_ncols=True,
+            disable=f.online_steps == 0,
+        )  # fmt: skip
         for i in bar:
             self.log_step += 1
             action = actor.random_action(action_rng) if i <= random_steps else None
@@ -458,7 +609,7 @@ class Trainer:
             update_info = None
             if i >= f.start_training:
                 self.agent, update_info = self.agent.batch_update(sample_batch())
-            self._after_step(i, f.online_steps, 'online_agent', update_info, phase_start, bar)
+            self._after_step('online', i, f.online_steps, update_info, phase_start, bar, online_state=online_state)
         bar.close()
         self.phase_times['online_time'] = time.time() - phase_start
         if f.save_all_online_states and states['steps']:
@@ -468,12 +619,15 @@ class Trainer:
             data.update(self.phase_times)
             atomic_write_bytes(os.path.join(self.run_dir, 'data.pkl'), pickle.dumps(data))
 
-    def finish(self):
-        """Closes the logs (and wandb) and says where the run is."""
+    def finish(self, quiet=False):
+        """Closes the logs, wandb and the signal handlers; says where the run is."""
+        self.stop.close()
         self.loggers.close()
         if self.wandb_run is not None:
             self.wandb_run.finish()
-        print(f'Run finished: {self.run_dir}', flush=True)
+            self.wandb_run = None
+        if not quiet:
+            print(f'Run finished: {self.run_dir}', flush=True)
 
 
 def stack_utd(batch, utd_ratio, batch_size):
