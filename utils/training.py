@@ -493,7 +493,6 @@ class Trainer:
             if every(i, f.save_interval):
                 save_agent(self.agent, self.run_dir, self.log_step)
         if stopping:
-            bar.close()
             self.finish(quiet=True)
             raise StopTraining(
                 f'Stopped at step {self.log_step} ({self.stop.reason}); checkpoint written. Continue with: '
@@ -523,28 +522,30 @@ class Trainer:
         bar = tqdm.tqdm(
             total=f.offline_steps, initial=i, desc='offline', dynamic_ncols=True, disable=f.offline_steps == 0
         )
-        while i < f.offline_steps:
-            if every(i + 1, replace_interval):
-                self.train_dataset = process_dataset(self.shards.next(), f.dataset_proportion, f.sparse)
-            end = block_end(
-                i,
-                max_block,
-                f.offline_steps,
-                (f.log_interval, f.save_interval, f.eval_interval),
-                before=(replace_interval,),
-            )
-            batches = [self.sample_dataset_chunks(batch_size) for _ in range(end - i)]
-            if max_block == 1:
-                self.agent, info = self.agent.update(batches[0])
-            else:
-                self.agent, info = fused_updates(self.agent, stack_batches(batches))
-            self.log_step += end - i
-            bar.update(end - i)
-            i = end
-            # One small transfer per block: a NaN stops the run before it reaches a log row or a checkpoint.
-            check_finite(scalar_info(info), self.log_step, last_checkpoint=self.checkpoints.last_path)
-            self._after_step('offline', i, f.offline_steps, info, phase_start, bar)
-        bar.close()
+        try:
+            while i < f.offline_steps:
+                if every(i + 1, replace_interval):
+                    self.train_dataset = process_dataset(self.shards.next(), f.dataset_proportion, f.sparse)
+                end = block_end(
+                    i,
+                    max_block,
+                    f.offline_steps,
+                    (f.log_interval, f.save_interval, f.eval_interval),
+                    before=(replace_interval,),
+                )
+                batches = [self.sample_dataset_chunks(batch_size) for _ in range(end - i)]
+                if max_block == 1:
+                    self.agent, info = self.agent.update(batches[0])
+                else:
+                    self.agent, info = fused_updates(self.agent, stack_batches(batches))
+                self.log_step += end - i
+                bar.update(end - i)
+                i = end
+                # One small transfer per block: a NaN stops the run before it reaches a log row or a checkpoint.
+                check_finite(scalar_info(info), self.log_step, last_checkpoint=self.checkpoints.last_path)
+                self._after_step('offline', i, f.offline_steps, info, phase_start, bar)
+        finally:
+            bar.close()
         self.phase_times['offline_time'] = time.time() - phase_start
 
     def online_phase(self, replay_buffer, sample_batch, random_steps=0):
@@ -592,25 +593,27 @@ class Trainer:
             start + 1, f.online_steps + 1, initial=start, total=f.online_steps, desc='online', dynamic_ncols=True,
             disable=f.online_steps == 0,
         )  # fmt: skip
-        for i in bar:
-            self.log_step += 1
-            action = actor.random_action(action_rng) if i <= random_steps else None
-            transition, info, done = actor.step(self.agent, action=action)
-            replay_buffer.add_transition(transition)
-            if f.save_all_online_states:
-                states['steps'].append(i)
-                for key, value in actor.last_state.items():
-                    states[key].append(value)
-            if done:
-                finished_episodes.append(episode_metrics(info))
-            if finished_episodes and every(i, f.log_interval):
-                self.loggers.log('env', mean_metrics(finished_episodes), self.log_step)
-                finished_episodes = []
-            update_info = None
-            if i >= f.start_training:
-                self.agent, update_info = self.agent.batch_update(sample_batch())
-            self._after_step('online', i, f.online_steps, update_info, phase_start, bar, online_state=online_state)
-        bar.close()
+        try:
+            for i in bar:
+                self.log_step += 1
+                action = actor.random_action(action_rng) if i <= random_steps else None
+                transition, info, done = actor.step(self.agent, action=action)
+                replay_buffer.add_transition(transition)
+                if f.save_all_online_states:
+                    states['steps'].append(i)
+                    for key, value in actor.last_state.items():
+                        states[key].append(value)
+                if done:
+                    finished_episodes.append(episode_metrics(info))
+                if finished_episodes and every(i, f.log_interval):
+                    self.loggers.log('env', mean_metrics(finished_episodes), self.log_step)
+                    finished_episodes = []
+                update_info = None
+                if i >= f.start_training:
+                    self.agent, update_info = self.agent.batch_update(sample_batch())
+                self._after_step('online', i, f.online_steps, update_info, phase_start, bar, online_state=online_state)
+        finally:
+            bar.close()
         self.phase_times['online_time'] = time.time() - phase_start
         if f.save_all_online_states and states['steps']:
             from utils.io_utils import atomic_write_bytes

@@ -1,0 +1,171 @@
+"""Runs that survive: kill-and-resume exactness, SIGTERM checkpoints, corrupt checkpoints, NaN stops, refusals."""
+
+import glob
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from helpers import ROOT, generate_cube_single, read_csv, run_driver, subprocess_env
+
+from utils.checkpoints import read_checkpoint_file
+
+TINY = [
+    '--env_name=cube-single-play-singletask-task2-v0',
+    '--agent.actor_hidden_dims=(16,16)',
+    '--agent.value_hidden_dims=(16,16)',
+    '--agent.batch_size=8',
+    '--agent.flow_steps=2',
+    '--eval_episodes=1',
+    '--fused_steps=3',
+]
+OFFLINE = ['--offline_steps=40', '--online_steps=0', '--log_interval=5', '--eval_interval=20', '--save_interval=10']
+TIME_COLUMNS = ('time/total', 'duration')
+
+
+@pytest.fixture(scope='module')
+def data_dir(tmp_path_factory):
+    return generate_cube_single(tmp_path_factory.mktemp('ogbench'))
+
+
+def args_for(data_dir, save_dir, exp_name, *extra):
+    return [f'--dataset_dir={data_dir}', f'--save_dir={save_dir}', f'--exp_name={exp_name}', *TINY, *extra]
+
+
+def run_dir_of(save_dir, exp_name):
+    return os.path.join(str(save_dir), 'Debug', exp_name)
+
+
+def comparable_rows(path):
+    return [{k: v for k, v in row.items() if k not in TIME_COLUMNS} for row in read_csv(path)]
+
+
+def start_driver(args):
+    return subprocess.Popen(
+        [sys.executable, 'main.py', *args], cwd=ROOT, env=subprocess_env(), stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+def wait_for(predicate, proc, timeout=120):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return True
+        if proc.poll() is not None:
+            return False
+        time.sleep(0.05)
+    return False
+
+
+def checkpoint_files(run_dir):
+    return sorted(glob.glob(os.path.join(run_dir, 'checkpoints', 'ckpt_*.pkl')))
+
+
+def load_params(path):
+    with open(path, 'rb') as f:
+        return pickle.load(f)['agent']['network']['params']
+
+
+def assert_same_params(a, b):
+    if isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for k in a:
+            assert_same_params(a[k], b[k])
+    else:
+        np.testing.assert_array_equal(a, b)
+
+
+def test_sigkill_then_resume_reproduces_the_uninterrupted_run(data_dir, tmp_path):
+    reference = run_driver('main.py', args_for(data_dir, tmp_path, 'whole', *OFFLINE))
+    assert reference.returncode == 0, reference.stderr[-3000:]
+
+    proc = start_driver(args_for(data_dir, tmp_path, 'killed', *OFFLINE))
+    killed_dir = run_dir_of(tmp_path, 'killed')
+    assert wait_for(lambda: len(checkpoint_files(killed_dir)) >= 1, proc), 'no checkpoint before the run ended'
+    # Kill at some point after the first checkpoint (the exact step varies from run to run).
+    time.sleep(np.random.default_rng().uniform(0.0, 1.0))
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    if proc.returncode == 0:
+        pytest.skip('the run finished before it could be killed')
+
+    # A newer but truncated checkpoint must be skipped in favour of the last complete one.
+    newest = checkpoint_files(killed_dir)[-1]
+    with open(newest, 'rb') as f:
+        payload = f.read()
+    with open(os.path.join(killed_dir, 'checkpoints', 'ckpt_000000000039.pkl'), 'wb') as f:
+        f.write(payload[: len(payload) // 2])
+
+    resumed = run_driver('main.py', args_for(data_dir, tmp_path, 'killed', *OFFLINE, '--resume'))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert 'ckpt_000000000039.pkl' in resumed.stderr  # the fallback was reported
+
+    whole_dir = run_dir_of(tmp_path, 'whole')
+    for name in ('offline_agent.csv', 'eval.csv'):
+        assert comparable_rows(os.path.join(killed_dir, name)) == comparable_rows(os.path.join(whole_dir, name)), name
+    assert_same_params(
+        load_params(os.path.join(killed_dir, 'params_40.pkl')), load_params(os.path.join(whole_dir, 'params_40.pkl'))
+    )
+
+
+def test_sigterm_writes_a_checkpoint_and_exits_zero_then_online_resume_finishes(data_dir, tmp_path):
+    steps = ['--offline_steps=6', '--online_steps=100000', '--log_interval=5', '--eval_interval=0',
+             '--start_training=3', '--horizon_length=2']  # fmt: skip
+    proc = start_driver(args_for(data_dir, tmp_path, 'term', *steps))
+    run_dir = run_dir_of(tmp_path, 'term')
+    online_log = os.path.join(run_dir, 'online_agent.csv')
+    assert wait_for(lambda: os.path.exists(online_log) and len(read_csv(online_log)) >= 2, proc), proc.stderr
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 0, stderr[-3000:]
+    assert '--resume' in stderr.strip().splitlines()[-1]
+    files = checkpoint_files(run_dir)
+    assert len(files) == 1
+    with open(files[0], 'rb') as f:
+        assert f.read(8) == b'QCCKPT01'
+
+    # The resumed online phase restores the buffer and runs to a nearer end.
+    saved = read_checkpoint_file(files[0])['state']
+    assert saved['phase'] == 'online' and saved['online']['buffer']['size'] > 0
+    end = saved['phase_step'] + 8
+    shorter = [a if not a.startswith('--online_steps') else f'--online_steps={end}' for a in steps]
+    resumed = run_driver('main.py', args_for(data_dir, tmp_path, 'term', *shorter, '--resume'))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    steps_logged = [int(r['step']) for r in read_csv(online_log)]
+    assert steps_logged == sorted(set(steps_logged))  # no duplicated rows after the resume
+
+
+def test_a_non_finite_loss_stops_the_run_with_a_clear_message(data_dir, tmp_path):
+    proc = run_driver('main.py', args_for(data_dir, tmp_path, 'nan', *OFFLINE, '--agent.lr=1e30'))
+    assert proc.returncode == 1
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith('error: non-finite values at step') and 'critic/critic_loss=nan' in last
+    assert not checkpoint_files(run_dir_of(tmp_path, 'nan'))
+
+
+@pytest.mark.parametrize(
+    'extra, message',
+    [
+        (['--resume'], '--resume needs --exp_name'),
+        (['--save_dir=/proc/qc'], 'choose another --save_dir'),
+        (['--max_runtime=-1'], '--max_runtime must be >= 0'),
+    ],
+)
+def test_refusals(data_dir, tmp_path, extra, message):
+    args = [f'--dataset_dir={data_dir}', f'--save_dir={tmp_path}', *TINY, '--offline_steps=1', '--online_steps=0']
+    proc = run_driver('main.py', args + extra)
+    assert proc.returncode == 2
+    assert message in proc.stderr.strip().splitlines()[-1]
+
+
+def test_an_existing_run_is_not_overwritten_without_resume(data_dir, tmp_path):
+    args = args_for(data_dir, tmp_path, 'taken', '--offline_steps=2', '--online_steps=0', '--save_interval=2',
+                    '--eval_interval=0')  # fmt: skip
+    assert run_driver('main.py', args).returncode == 0
+    again = run_driver('main.py', args)
+    assert again.returncode == 2 and 'add --resume' in again.stderr.strip().splitlines()[-1]
