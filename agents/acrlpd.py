@@ -26,7 +26,7 @@ class Temperature(nn.Module):
 
     @nn.compact
     def __call__(self):
-        log_temp = self.param('log_temp', lambda _: jnp.full((), jnp.log(self.init_temp)))
+        log_temp = self.param('log_temp', lambda _: jnp.full((), jnp.log(self.init_temp), dtype=jnp.float32))
         return jnp.exp(log_temp)
 
 

@@ -69,7 +69,9 @@ def matmul_rate(n=2048, reps=10, dtype='float32'):
     dot = jax.jit(jnp.dot)
     jax.block_until_ready(dot(a, b))
     times = [timed(dot, a, b)[1] for _ in range(reps)]
-    return dict(n=n, dtype=dtype, flops_per_s=2.0 * n**3 / min(times), median_flops_per_s=2.0 * n**3 / statistics.median(times))
+    return dict(
+        n=n, dtype=dtype, flops_per_s=2.0 * n**3 / min(times), median_flops_per_s=2.0 * n**3 / statistics.median(times)
+    )
 
 
 def agent_class(module_name):

@@ -12,6 +12,7 @@ import jax
 import numpy as np
 
 AUG_PADDING = 4  # Pixels of edge padding before a random crop back to the original size.
+COMPARE_ROWS = 65536  # Rows compared at a time when building the compact layout.
 
 
 def get_size(data):
@@ -46,9 +47,11 @@ def compact_next_observations(observations, next_observations):
     """
     n = len(observations)
     follows = np.zeros(n, dtype=bool)
-    if n > 1:
-        same = next_observations[:-1] == observations[1:]
-        follows[:-1] = same.reshape(n - 1, -1).all(axis=1)
+    # Compared in slices so that no full-size temporary is built beside the data.
+    for start in range(0, n - 1, COMPARE_ROWS):
+        stop = min(start + COMPARE_ROWS, n - 1)
+        same = next_observations[start:stop] == observations[start + 1 : stop + 1]
+        follows[start:stop] = same.reshape(stop - start, -1).all(axis=1)
     ends = np.flatnonzero(~follows)
     index_dtype = np.int32 if n + len(ends) < 2**31 else np.int64
     next_index = np.arange(1, n + 1, dtype=index_dtype)
@@ -128,6 +131,11 @@ class Dataset(Mapping):
         if self.compact:
             arrays += [self._obs_store, self._next_index]
         return int(sum(a.nbytes for a in arrays))
+
+    def transition_nbytes(self):
+        """Bytes of one transition with all its fields, next observation included (nothing is materialized)."""
+        fields = sum(v[0].nbytes for v in self._dict.values())
+        return fields + (self._dict['observations'][0].nbytes if self.compact else 0)
 
     def bytes_per_transition(self):
         """`nbytes()` per stored transition."""

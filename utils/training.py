@@ -368,11 +368,10 @@ class Trainer:
 
     def _check_disk(self):
         """Refuses to start when the disk cannot hold `keep + 1` checkpoints of a full replay buffer and agent."""
-        from utils.checkpoints import check_disk_space, estimate_buffer_bytes
+        from utils.checkpoints import check_disk_space
 
-        example = {k: v[0] for k, v in self.train_dataset.items()}
         agent_bytes = sum(np.asarray(x).nbytes for x in jax.tree_util.tree_leaves(self.agent))
-        per_checkpoint = estimate_buffer_bytes(example, self.flags.buffer_size) + agent_bytes
+        per_checkpoint = self.train_dataset.transition_nbytes() * self.flags.buffer_size + agent_bytes
         check_disk_space(self.run_dir, (self.flags.keep_checkpoints + 1) * per_checkpoint, 'checkpoints')
 
     def _open_logs(self):
@@ -516,7 +515,7 @@ class Trainer:
         batch_size = self.config['batch_size']
         # Cap the pre-sampled block so its host copy stays small (image observations); a sampled chunk holds about
         # two copies of every field per step.
-        chunk_bytes = 2 * self.config['horizon_length'] * sum(v[0].nbytes for v in self.train_dataset.values())
+        chunk_bytes = 2 * self.config['horizon_length'] * self.train_dataset.transition_nbytes()
         max_block = max(1, min(f.fused_steps, FUSED_BLOCK_BYTES // (chunk_bytes * batch_size)))
         replace_interval = f.dataset_replace_interval if self.shards is not None else 0
         bar = tqdm.tqdm(

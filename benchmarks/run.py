@@ -1,0 +1,313 @@
+"""Runs the benchmark suite, prints tables and the issue's targets, and writes every number to JSON.
+
+    python -m benchmarks.run                      # full suite (CPU, under 10 minutes)
+    python -m benchmarks.run --quick              # CI smoke run: tiny sizes, few iterations (under a minute)
+    python -m benchmarks.run --only updates,memory --out /tmp/results.json
+
+Sections: `updates` (per-step vs fused updates/s, FLOPs, FLOP/s vs this machine's matmul rate, time to first
+update), `eval` (sequential vs batched evaluation), `online` (main.py's online loop and its breakdown), `memory`
+(dataset bytes per transition, compact vs duplicated next observations).
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+SECTIONS = ('updates', 'eval', 'online', 'memory')
+PAPER_TOLERANCE = 0.97  # "Never slower" at paper size allows 3% timing noise between the two loops.
+
+
+def settings(quick):
+    """The sizes and iteration counts of a full or a quick run."""
+    if quick:
+        return dict(
+            sizes=('tiny',),
+            update_agents=('QC', 'QC-RLPD'),  # One per agent class: compilation dominates a quick run.
+            update_transitions=10_000,
+            update_target_s=0.2,
+            update_rounds=1,
+            replay_sizes=('tiny',),
+            matmul_n=256,
+            matmul_reps=3,
+            eval=[dict(size='tiny', num_envs=2, num_episodes=2, max_episode_steps=50)],
+            online=[dict(agent_name='QC', size='tiny', steps=10, dataset_size=10_000)],
+            memory_transitions=10_000,
+        )
+    return dict(
+        sizes=('small', 'paper'),
+        update_agents=None,  # All of benchmarks.common.AGENTS.
+        update_transitions=100_000,
+        update_target_s=3.0,
+        update_rounds=2,
+        replay_sizes=('small', 'paper'),
+        matmul_n=2048,
+        matmul_reps=10,
+        eval=[
+            dict(size='small', num_envs=10, num_episodes=20),
+            dict(size='paper', num_envs=10, num_episodes=10),
+        ],
+        online=[
+            dict(agent_name='QC', size='small', target_s=5.0),
+            dict(agent_name='QC-FQL', size='paper', target_s=5.0),
+        ],
+        memory_transitions=1_000_000,
+    )
+
+
+def check_targets(results, matmul):
+    """The issue's targets, each with met / not met and the measured values behind the verdict."""
+    targets = []
+    rows = results.get('updates') or []
+    small = [r for r in rows if r['size'] == 'small']
+    paper = [r for r in rows if r['size'] == 'paper']
+    if small:
+        worst = min(small, key=lambda r: r['fused_speedup'])
+        targets.append(
+            dict(
+                target='fused offline loop >= 3x per-step loop (small size)',
+                met=worst['fused_speedup'] >= 3.0,
+                value={r['agent']: round(r['fused_speedup'], 3) for r in small},
+                bound={r['agent']: round(r['per_step_ms'] / r['compute_ms'], 3) for r in small},
+            )
+        )
+    if paper:
+        worst = min(paper, key=lambda r: r['fused_speedup'])
+        targets.append(
+            dict(
+                target=f'fused never slower than per-step (paper size; >= {PAPER_TOLERANCE} allows timing noise)',
+                met=worst['fused_speedup'] >= PAPER_TOLERANCE,
+                value={r['agent']: round(r['fused_speedup'], 3) for r in paper},
+            )
+        )
+        for r in paper:
+            if r['agent'] in ('QC', 'QC-FQL'):
+                fraction = r['compute_flops_per_s'] / matmul
+                dot_s, dot_rate = r.get('dot_seconds'), r.get('dot_flops_per_s')
+                targets.append(
+                    dict(
+                        target=f'{r["agent"]} paper-size update >= 70% of the matmul rate',
+                        met=fraction >= 0.7,
+                        value=round(fraction, 3),
+                        loop_fraction=round(r['fused_flops_per_s'] / matmul, 3),
+                        dot_share_of_time=round(dot_s / (r['compute_ms'] / 1e3), 3) if dot_s else None,
+                        dot_rate_fraction=round(dot_rate / matmul, 3) if dot_rate else None,
+                    )
+                )
+    for r in results.get('eval') or []:
+        if r['size'] == 'small':
+            targets.append(
+                dict(
+                    target='batched evaluation >= 3x sequential episodes/s (small policy)',
+                    met=r['speedup'] >= 3.0,
+                    value=round(r['speedup'], 3),
+                    bound=round(r['speedup_bound'], 3),
+                )
+            )
+    mem = results.get('memory')
+    if mem and 'bytes_ratio' in mem:
+        targets.append(
+            dict(
+                target='compact dataset bytes/transition <= 0.6x duplicated',
+                met=mem['bytes_ratio'] <= 0.6,
+                value=round(mem['bytes_ratio'], 3),
+                resident=round(mem['resident_ratio'], 3),
+            )
+        )
+    return targets
+
+
+def print_tables(results, matmul):
+    """Prints one table per section that ran."""
+    from benchmarks.common import format_table
+
+    if results.get('updates'):
+        rows = [
+            dict(
+                r,
+                gflop=r['flops'] / 1e9,
+                frac=r['compute_flops_per_s'] / matmul,
+                dot_frac=(r['dot_flops_per_s'] / matmul) if r.get('dot_flops_per_s') else None,
+                dot_time=(r['dot_seconds'] * 1e3 / r['compute_ms']) if r.get('dot_seconds') else None,
+            )
+            for r in results['updates']
+        ]
+        print('\nUpdates (batch, H per agent; ups = updates/s; frac = FLOP/s of the compiled update / matmul rate)')
+        print(
+            format_table(
+                rows,
+                [
+                    ('agent', 'agent', None),
+                    ('size', 'size', None),
+                    ('hidden', 'hidden', None),
+                    ('per_step_ups', 'per-step ups', '{:.2f}'),
+                    ('fused_ups', 'fused ups', '{:.2f}'),
+                    ('fused_speedup', 'ratio', '{:.2f}'),
+                    ('steps_per_round', 'K', None),
+                    ('sample_ms', 'sample ms', '{:.2f}'),
+                    ('compute_ms', 'compute ms', '{:.1f}'),
+                    ('gflop', 'GFLOP/upd', '{:.2f}'),
+                    ('frac', 'frac', '{:.2f}'),
+                    ('dot_frac', 'dot rate frac', '{:.2f}'),
+                    ('dot_time', 'dot time share', '{:.2f}'),
+                    ('first_update_s', 'first update s', '{:.1f}'),
+                    ('update_compiles', 'compiles', None),
+                ],
+            )
+        )
+    if results.get('eval'):
+        print('\nEvaluation on cube-single (episodes/s)')
+        print(
+            format_table(
+                results['eval'],
+                [
+                    ('agent', 'agent', None),
+                    ('size', 'size', None),
+                    ('num_envs', 'copies', None),
+                    ('episodes', 'episodes', None),
+                    ('sequential_eps', 'sequential', '{:.2f}'),
+                    ('batched_eps', 'batched', '{:.2f}'),
+                    ('speedup', 'ratio', '{:.2f}'),
+                    ('speedup_bound', 'env-only bound', '{:.2f}'),
+                    ('env_steps_per_s', 'env steps/s', '{:.0f}'),
+                    ('sample_ms', 'sample ms', '{:.2f}'),
+                ],
+            )
+        )
+    if results.get('online'):
+        print('\nOnline loop (main.py; env steps/s and blocked share of each part)')
+        print(
+            format_table(
+                results['online'],
+                [
+                    ('agent', 'agent', None),
+                    ('size', 'size', None),
+                    ('steps', 'steps', None),
+                    ('steps_per_s', 'steps/s', '{:.2f}'),
+                    ('blocked_steps_per_s', 'blocked', '{:.2f}'),
+                    ('env_share', 'env', '{:.1%}'),
+                    ('policy_share', 'policy', '{:.1%}'),
+                    ('sample_share', 'sampling', '{:.1%}'),
+                    ('update_share', 'update', '{:.1%}'),
+                    ('update_ms', 'update ms', '{:.1f}'),
+                ],
+            )
+        )
+    mem = results.get('memory')
+    if mem:
+        rows = [mem[k] for k in ('duplicated', 'compact') if k in mem and 'error' not in mem[k]]
+        for r in rows:
+            r['peak_mb'] = (r['peak_rss'] - r['baseline_rss']) / 2**20
+            r['resident_mb'] = (r['resident_rss'] - r['baseline_rss']) / 2**20
+        print('\nDataset memory (MiB above the baseline of the child process)')
+        print(
+            format_table(
+                rows,
+                [
+                    ('layout', 'layout', None),
+                    ('transitions', 'transitions', None),
+                    ('bytes_per_transition', 'B/transition', '{:.1f}'),
+                    ('resident_mb', 'resident MiB', '{:.1f}'),
+                    ('peak_mb', 'peak MiB', '{:.1f}'),
+                    ('sample_ms', 'sample ms', '{:.3f}'),
+                ],
+            )
+        )
+
+
+def main(argv=None):
+    """Command-line entry point; returns the results dict."""
+    parser = argparse.ArgumentParser(description='Q-chunking benchmark suite.')
+    parser.add_argument('--quick', action='store_true', help='tiny sizes and few iterations (CI smoke run)')
+    parser.add_argument('--out', default='benchmarks/results.json', help='where to write the JSON results')
+    parser.add_argument('--only', default=','.join(SECTIONS), help=f'comma-separated sections of {SECTIONS}')
+    args = parser.parse_args(argv)
+    sections = [s.strip() for s in args.only.split(',') if s.strip()]
+    unknown = sorted(set(sections) - set(SECTIONS))
+    if unknown:
+        parser.error(f'unknown sections {unknown}; choose from {SECTIONS}')
+
+    os.environ.setdefault('JAX_PLATFORMS', 'cpu')
+    from benchmarks import common
+
+    cfg = settings(args.quick)
+    started = time.perf_counter()
+    results = dict(
+        command=' '.join(['python -m benchmarks.run', *(argv if argv is not None else sys.argv[1:])]),
+        quick=args.quick,
+        machine=common.machine_info(),
+        load_before=common.load_average(),
+        section_load={},
+        section_s={},
+    )
+
+    def log(msg):
+        print(msg, flush=True)
+
+    matmul_runs = [common.matmul_rate(cfg['matmul_n'], cfg['matmul_reps'])]
+    log(f'matmul {cfg["matmul_n"]}^2 float32: {matmul_runs[0]["flops_per_s"] / 1e9:.1f} GFLOP/s')
+    for section in sections:
+        start = time.perf_counter()
+        load = common.load_average()
+        if section == 'updates':
+            from benchmarks import updates
+
+            results['updates'] = updates.run(
+                cfg['sizes'],
+                agents=cfg['update_agents'],
+                num_transitions=cfg['update_transitions'],
+                target_s=cfg['update_target_s'],
+                rounds=cfg['update_rounds'],
+                replay_sizes=cfg['replay_sizes'],
+                matmul_n=cfg['matmul_n'],
+                log=log,
+            )
+            matmul_runs.append(common.matmul_rate(cfg['matmul_n'], cfg['matmul_reps']))
+        elif section == 'eval':
+            from benchmarks import eval_bench
+
+            results['eval'] = [eval_bench.run(log=log, **kw) for kw in cfg['eval']]
+        elif section == 'online':
+            from benchmarks import online
+
+            results['online'] = [online.run(log=log, **kw) for kw in cfg['online']]
+        elif section == 'memory':
+            from benchmarks import memory
+
+            results['memory'] = memory.run(cfg['memory_transitions'], log=log)
+        results['section_s'][section] = time.perf_counter() - start
+        results['section_load'][section] = [load, common.load_average()]
+
+    # The machine's rate: the best of all measurements (before, during and after the update benchmarks); other load
+    # on a shared machine only ever lowers it.
+    results['matmul'] = matmul_runs
+    local = [r['matmul_local_flops_per_s'] for r in results.get('updates') or []]
+    matmul = max([m['flops_per_s'] for m in matmul_runs] + local)
+    results['matmul_flops_per_s'] = matmul
+    results['targets'] = check_targets(results, matmul)
+    results['load_after'] = common.load_average()
+    results['total_s'] = time.perf_counter() - started
+
+    print(f'\nMatmul rate: {matmul / 1e9:.1f} GFLOP/s ({cfg["matmul_n"]}x{cfg["matmul_n"]} float32, best run)')
+    print_tables(results, matmul)
+    if results['targets']:
+        print('\nTargets')
+        for t in results['targets']:
+            print(f'  [{"met" if t["met"] else "NOT met"}] {t["target"]}: {t["value"]}')
+    print(
+        f'\nTotal {results["total_s"]:.0f} s; 1-min load average before {results["load_before"]}, '
+        f'after {results["load_after"]}'
+    )
+
+    out_dir = os.path.dirname(args.out)
+    if out_dir:
+        os.makedirs(out_dir, exist_ok=True)
+    with open(args.out, 'w') as f:
+        json.dump(results, f, indent=1, default=float)
+    print(f'Wrote {args.out}')
+    return results
+
+
+if __name__ == '__main__':
+    main()
