@@ -238,7 +238,9 @@ def evaluate(
         record_trajectories: Set False to skip storing per-step data (saves memory with pixel observations).
         envs: Optional list of env copies for batched evaluation: episodes run on the copies in lockstep and the
             agent is queried once per step for all copies whose queue is empty (`env` is then unused). The
-            default (None) runs episodes one after another in `env`.
+            default (None) runs episodes one after another in `env`. Episode i gets the same seed and keys either
+            way; the batched policy call can differ from the single one by float rounding, which contact-rich
+            simulations may amplify, so per-episode results match exactly only for deterministic policies.
         batch_sample_fn: For batched evaluation, `fn(observations (B, ...), keys (B, 2)) -> chunks (B, ...)`;
             by default `agent.sample_actions` vmapped over observations and keys (needs a JAX-pytree agent).
 
