@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # End-to-end demo on a CPU, with no downloads: install, generate a small cube-single dataset with OGBench's own
 # oracles, train QC (best-of-n, H=5) offline then online with a CPU-sized network, evaluate, plot the curves.
-# Takes about 10 minutes on 2 cores. Override the output folders with DATA_DIR / SAVE_DIR.
+# Takes about 5 minutes on 2 cores after the install. Override the output folders with DATA_DIR / SAVE_DIR.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DATA_DIR=${DATA_DIR:-data/ogbench}
