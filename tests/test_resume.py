@@ -88,22 +88,25 @@ def test_sigkill_then_resume_reproduces_the_uninterrupted_run(data_dir, tmp_path
     killed_dir = run_dir_of(tmp_path, 'killed')
     assert wait_for(lambda: len(checkpoint_files(killed_dir)) >= 1, proc), 'no checkpoint before the run ended'
     # Kill at some point after the first checkpoint (the exact step varies from run to run).
-    time.sleep(np.random.default_rng().uniform(0.0, 1.0))
+    time.sleep(np.random.default_rng().uniform(0.0, 0.3))
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     if proc.returncode == 0:
         pytest.skip('the run finished before it could be killed')
 
-    # A newer but truncated checkpoint must be skipped in favour of the last complete one.
+    # A newer but truncated checkpoint (as a crash during a write could leave) must be skipped in favour of the last
+    # complete one.
     newest = checkpoint_files(killed_dir)[-1]
     with open(newest, 'rb') as f:
         payload = f.read()
-    with open(os.path.join(killed_dir, 'checkpoints', 'ckpt_000000000039.pkl'), 'wb') as f:
+    with open(os.path.join(killed_dir, 'checkpoints', 'ckpt_999999999999.pkl'), 'wb') as f:
         f.write(payload[: len(payload) // 2])
 
     resumed = run_driver('main.py', args_for(data_dir, tmp_path, 'killed', *OFFLINE, '--resume'))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert 'ckpt_000000000039.pkl' in resumed.stderr  # the fallback was reported
+    assert 'ckpt_999999999999.pkl' in resumed.stderr  # the fallback was reported...
+    assert os.path.exists(os.path.join(killed_dir, 'checkpoints', 'ckpt_999999999999.pkl.corrupt'))  # ...and set aside
+    assert max(int(os.path.basename(p)[5:17]) for p in checkpoint_files(killed_dir)) == 40
 
     whole_dir = run_dir_of(tmp_path, 'whole')
     for name in ('offline_agent.csv', 'eval.csv'):

@@ -258,7 +258,8 @@ class CheckpointManager:
     def load_latest(self):
         """(state, step) of the newest checkpoint that verifies, or None when none does.
 
-        A damaged newer file is skipped with a one-line warning naming it, and the previous one is tried.
+        A damaged newer file is skipped with a one-line warning naming it, and the previous one is tried. The
+        damaged file is renamed to `<name>.corrupt`, out of the rotation, so later saves and pruning ignore it.
         """
         for step in reversed(self.steps()):
             path = self.path(step)
@@ -266,6 +267,10 @@ class CheckpointManager:
                 payload = read_checkpoint_file(path)
             except (CheckpointError, OSError) as e:
                 logger.warning('skipping unreadable checkpoint %s: %s', path, e)
+                try:
+                    os.replace(path, path + '.corrupt')
+                except OSError:
+                    pass
                 continue
             self.last_path = path
             return payload['state'], payload['step']

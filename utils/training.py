@@ -486,11 +486,11 @@ class Trainer:
             self.evaluate()
             bar.set_postfix(self.postfix, refresh=False)
         stopping = self.stop.should_stop()
+        if every(i, f.save_interval):
+            save_agent(self.agent, self.run_dir, self.log_step)
         if every(i, f.save_interval) or stopping:
             self.phase_times[f'{phase}_time'] = time.time() - phase_start
             self.save_checkpoint(phase, i, online=online_state() if online_state else None)
-            if every(i, f.save_interval):
-                save_agent(self.agent, self.run_dir, self.log_step)
         if stopping:
             self.finish(quiet=True)
             raise StopTraining(
