@@ -28,7 +28,6 @@ from utils.io_utils import atomic_write
 
 logger = logging.getLogger(__name__)
 
-LOG_PREFIXES = ('offline_agent', 'online_agent', 'eval', 'env')
 WANDB_MODES = ('online', 'offline', 'disabled')
 _warned = set()
 

@@ -22,6 +22,9 @@ define_flags(offline=True, buffer_size=2000000, agent_file='agents/acfql.py')
 def main(_):
     trainer = Trainer(FLAGS, sys.argv, agents)
     trainer.offline_phase()
+    if FLAGS.online_steps == 0:  # Offline only: no replay buffer to allocate.
+        trainer.finish()
+        return
 
     dataset = trainer.train_dataset
     buffer = ReplayBuffer.create_from_initial_dataset(

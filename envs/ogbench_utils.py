@@ -9,8 +9,6 @@ import glob
 import os
 import re
 
-import numpy as np
-
 from envs.env_utils import EnvError, clip_actions, dataset_from_arrays
 
 DEFAULT_DATASET_DIR = '~/.ogbench/data'
@@ -199,8 +197,3 @@ def make_ogbench_env_and_datasets(env_name, dataset_dir=None, shard_dir=None, co
         add_info=False,
     )
     return env, eval_env, _to_dataset(train), _to_dataset(val)
-
-
-def episode_count(dataset):
-    """Number of episodes in a loaded dataset (episodes end where `terminals` is 1)."""
-    return int(np.sum(dataset['terminals']))

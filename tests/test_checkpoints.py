@@ -25,8 +25,7 @@ from utils.checkpoints import (
     check_dataset_matches_env,
     check_disk_space,
     check_finite,
-    estimate_buffer_bytes,
-    find_non_finite,
+    non_finite_values,
     tree_is_finite,
 )
 
@@ -153,16 +152,6 @@ def test_disk_space_check(tmp_path, monkeypatch):
     assert os.listdir(tmp_path / 'ckpt') == []
 
 
-def test_estimate_buffer_bytes():
-    transition = {
-        'observations': np.zeros((64, 64, 3), np.uint8),
-        'actions': np.zeros(5, np.float32),
-        'rewards': np.float32(0.0),
-        'masks': 1.0,
-    }
-    assert estimate_buffer_bytes(transition, 1000) == (64 * 64 * 3 + 5 * 4 + 4 + 8) * 1000
-
-
 def test_non_finite_detection_and_message():
     info = {
         'critic/critic_loss': jnp.float32(jnp.nan),
@@ -173,8 +162,8 @@ def test_non_finite_detection_and_message():
         'count': 3,
         'name': 'text',
     }
-    assert find_non_finite(info) == ['critic/critic_loss', 'grad/max', 'grad/min', 'q']
-    assert find_non_finite({'a': 1.0, 'b': jnp.zeros(3)}) == []
+    assert list(non_finite_values(info)) == ['critic/critic_loss', 'grad/max', 'grad/min', 'q']
+    assert non_finite_values({'a': 1.0, 'b': jnp.zeros(3)}) == {}
     assert tree_is_finite({'w': jnp.ones((2, 2)), 'b': np.zeros(2), 'n': 1})
     assert not tree_is_finite({'w': jnp.ones((2, 2)).at[1, 0].set(jnp.inf), 'b': np.zeros(2)})
     assert not tree_is_finite({'w': jnp.ones(2), 'b': np.array([np.nan])})

@@ -126,12 +126,6 @@ def _nbytes(tree):
     return _leaf_nbytes(tree)
 
 
-def estimate_buffer_bytes(example_transition, capacity):
-    """Bytes of a replay buffer of `capacity` transitions shaped like `example_transition` (a dict of arrays)."""
-    per_transition = sum(np.asarray(v).nbytes for v in jax.tree_util.tree_leaves(dict(example_transition)))
-    return int(per_transition) * int(capacity)
-
-
 def _to_host(tree):
     """The same nested structure with JAX arrays replaced by NumPy arrays; NumPy arrays are not copied."""
     if type(tree) is dict:
@@ -166,6 +160,13 @@ class _HashingWriter:
         return self._hash.digest()
 
 
+def checkpoint_steps(directory):
+    """Steps of the checkpoint files in `directory`, oldest first; [] when it does not exist (nothing is created)."""
+    if not os.path.isdir(directory):
+        return []
+    return sorted(int(m.group(1)) for m in map(_NAME_RE.match, os.listdir(directory)) if m)
+
+
 class CheckpointManager:
     """Saves and restores whole training states as checksummed files, keeping the newest `keep` of them.
 
@@ -195,12 +196,7 @@ class CheckpointManager:
 
     def steps(self):
         """Steps of the checkpoint files present, oldest first (unverified: a listed file may be corrupt)."""
-        found = []
-        for name in os.listdir(self.directory):
-            match = _NAME_RE.match(name)
-            if match:
-                found.append(int(match.group(1)))
-        return sorted(found)
+        return checkpoint_steps(self.directory)
 
     def latest_step(self):
         """Step of the newest checkpoint file, or None when there is none (unverified)."""
@@ -337,11 +333,6 @@ def non_finite_values(info):
     found = {}
     _find_non_finite(jax.device_get(dict(info)), '', found)
     return found
-
-
-def find_non_finite(info):
-    """Keys of `info` whose value (python, NumPy or JAX scalar or array) holds a NaN or an infinity, in order."""
-    return list(non_finite_values(info))
 
 
 @jax.jit

@@ -9,13 +9,31 @@ import pickle
 import sys
 import time
 
+import flax
 import jax
 import numpy as np
 import tqdm
 from absl import flags
 from ml_collections import config_flags
 
+from envs.env_state import get_env_state
+from envs.env_utils import EnvError, make_env_and_datasets, make_eval_envs
+from evaluation import evaluate
+from log_utils import Loggers, drop_rows_after, get_exp_name, get_flag_dict, save_flags, setup_wandb
+from utils.checkpoints import (
+    CheckpointError,
+    CheckpointManager,
+    DatasetMismatchError,
+    NonFiniteError,
+    StopRequest,
+    check_dataset_matches_env,
+    check_disk_space,
+    check_finite,
+    checkpoint_steps,
+)
 from utils.datasets import Dataset
+from utils.flax_utils import save_agent
+from utils.io_utils import atomic_write_bytes
 
 FUSED_BLOCK_BYTES = 256 * 2**20  # Upper bound on the host memory of one block of pre-sampled offline batches.
 
@@ -31,8 +49,6 @@ class StopTraining(Exception):
 def exit_on_user_errors(main_fn):
     """Wraps an absl `main(argv)`: user errors end with one line on stderr and exit status 2, a non-finite loss
     with one line and status 1, and a requested stop (checkpoint written) with one line and status 0."""
-    from envs.env_utils import EnvError
-    from utils.checkpoints import CheckpointError, DatasetMismatchError, NonFiniteError
 
     def wrapped(argv):
         try:
@@ -216,14 +232,8 @@ class OnlineActor:
 
 
 def episode_metrics(info):
-    """Scalar episode statistics from the EpisodeMonitor's `info['episode']` (and the final `success`)."""
-    metrics = {}
-    for key, value in info.get('episode', {}).items():
-        if np.ndim(value) == 0:
-            metrics[f'episode.{key}'] = float(value)
-    if 'success' in info and np.ndim(info['success']) == 0:
-        metrics['episode.success'] = float(info['success'])
-    return metrics
+    """Scalar episode statistics from the EpisodeMonitor's `info['episode']` (return, length, success)."""
+    return {f'episode.{k}': float(v) for k, v in info.get('episode', {}).items() if np.ndim(v) == 0}
 
 
 def mean_metrics(rows):
@@ -296,10 +306,6 @@ class Trainer:
     """
 
     def __init__(self, flags_obj, argv, agent_classes):
-        from envs.env_utils import make_env_and_datasets
-        from log_utils import get_exp_name
-        from utils.checkpoints import CheckpointManager, StopRequest, check_dataset_matches_env
-
         self.flags = f = flags_obj
         minimums = dict(
             online_steps=0, buffer_size=1, log_interval=1, eval_interval=0, start_training=0, utd_ratio=1,
@@ -321,10 +327,7 @@ class Trainer:
         self.exp_name = f.exp_name or get_exp_name(f.seed, env_name=f.env_name)
         self.run_dir = os.path.join(group_dir, self.exp_name)
         checkpoint_dir = os.path.join(self.run_dir, 'checkpoints')
-        has_checkpoints = os.path.isdir(checkpoint_dir) and any(
-            n.startswith('ckpt_') for n in os.listdir(checkpoint_dir)
-        )
-        if not f.resume and has_checkpoints:
+        if not f.resume and checkpoint_steps(checkpoint_dir):
             raise UsageError(
                 f'{self.run_dir} already holds checkpoints; add --resume to continue it, or pick another --exp_name'
             )
@@ -342,8 +345,6 @@ class Trainer:
         num_eval_envs = min(f.eval_envs, f.eval_episodes + f.video_episodes)
         self.eval_envs = None
         if num_eval_envs > 1:
-            from envs.env_utils import make_eval_envs
-
             extra = make_eval_envs(f.env_name, num_eval_envs - 1, dataset_dir=f.dataset_dir, seed=f.seed)
             self.eval_envs = [self.eval_env, *extra]
         self.train_dataset = process_dataset(dataset, f.dataset_proportion, f.sparse)
@@ -367,16 +368,14 @@ class Trainer:
         self.stop = StopRequest(max_runtime=f.max_runtime or None)
 
     def _check_disk(self):
-        """Refuses to start when the disk cannot hold `keep + 1` checkpoints of a full replay buffer and agent."""
-        from utils.checkpoints import check_disk_space
-
-        agent_bytes = sum(np.asarray(x).nbytes for x in jax.tree_util.tree_leaves(self.agent))
-        per_checkpoint = self.train_dataset.transition_nbytes() * self.flags.buffer_size + agent_bytes
+        """Refuses to start when the disk cannot hold `keep + 1` checkpoints (agent, plus a full replay buffer when
+        there is an online phase)."""
+        per_checkpoint = sum(np.asarray(x).nbytes for x in jax.tree_util.tree_leaves(self.agent))
+        if self.flags.online_steps > 0:
+            per_checkpoint += self.train_dataset.transition_nbytes() * self.flags.buffer_size
         check_disk_space(self.run_dir, (self.flags.keep_checkpoints + 1) * per_checkpoint, 'checkpoints')
 
     def _open_logs(self):
-        from log_utils import Loggers, drop_rows_after, get_flag_dict, save_flags, setup_wandb
-
         f = self.flags
         run_dir_for(self.run_dir, '', '')
         flag_dict = get_flag_dict()
@@ -395,8 +394,6 @@ class Trainer:
 
     def _restore(self, state):
         """Restores what every phase shares; the phase loops restore their own part from `resume_state`."""
-        import flax
-
         self.resume_state = state
         self.agent = flax.serialization.from_state_dict(self.agent, state['agent'])
         self.log_step = state['log_step']
@@ -408,7 +405,7 @@ class Trainer:
         print(f'Resuming {self.exp_name} at step {self.log_step} ({state["phase"]} phase).', flush=True)
 
     def _resume_point(self, phase):
-        """Steps of `phase` already done: 0 for a fresh phase, all of them for a finished one."""
+        """Steps of `phase` already done: 0 for a fresh phase, None for one a resumed run has already finished."""
         state = self.resume_state
         if state is None:
             return 0
@@ -419,14 +416,8 @@ class Trainer:
 
     def save_checkpoint(self, phase, step, online=None):
         """Writes a full checkpoint at the end of `step` of `phase`; `online` holds the online loop's state."""
-        import flax
-
-        from utils.checkpoints import NonFiniteError, tree_is_finite
-
-        if not tree_is_finite(self.agent.network.params):
-            raise NonFiniteError(
-                self.log_step, ['params'], params_finite=False, last_checkpoint=self.checkpoints.last_path
-            )
+        # Never write non-finite parameters: the previous checkpoint stays the last good one.
+        check_finite({}, self.log_step, params=self.agent.network.params, last_checkpoint=self.checkpoints.last_path)
         state = dict(
             phase=phase,
             phase_step=step,
@@ -446,8 +437,6 @@ class Trainer:
 
     def evaluate(self):
         """Evaluates the current agent (seeds fixed per run, independent of the step) and logs `eval`."""
-        from evaluation import evaluate
-
         f = self.flags
         stats, _, renders = evaluate(
             self.agent,
@@ -471,9 +460,6 @@ class Trainer:
 
         The checkpoint comes last, so everything a step logs is on disk before a checkpoint says the step is done.
         """
-        from utils.checkpoints import check_finite
-        from utils.flax_utils import save_agent
-
         f = self.flags
         if info is not None and every(i, f.log_interval):
             info = scalar_info(info)
@@ -505,8 +491,6 @@ class Trainer:
         same order as one update per step; blocks end on every step that logs, saves or evaluates, so those
         happen exactly where the flags put them. `--fused_steps=1` is the reference's one-call-per-update loop.
         """
-        from utils.checkpoints import check_finite
-
         f = self.flags
         i = self._resume_point('offline')
         if i is None:
@@ -541,7 +525,8 @@ class Trainer:
                 bar.update(end - i)
                 i = end
                 # One small transfer per block: a NaN stops the run before it reaches a log row or a checkpoint.
-                check_finite(scalar_info(info), self.log_step, last_checkpoint=self.checkpoints.last_path)
+                info = scalar_info(info)
+                check_finite(info, self.log_step, last_checkpoint=self.checkpoints.last_path)
                 self._after_step('offline', i, f.offline_steps, info, phase_start, bar)
         finally:
             bar.close()
@@ -554,8 +539,6 @@ class Trainer:
         `sample_batch()`, whose leaves are shaped (utd_ratio, batch_size, ...). The first `random_steps` steps take
         uniform random actions. A resumed run restores the buffer and generators and starts a new episode.
         """
-        from envs.env_state import get_env_state
-
         f = self.flags
         start = self._resume_point('online')
         if start is None:
@@ -615,8 +598,6 @@ class Trainer:
             bar.close()
         self.phase_times['online_time'] = time.time() - phase_start
         if f.save_all_online_states and states['steps']:
-            from utils.io_utils import atomic_write_bytes
-
             data = {k: np.stack(v) for k, v in states.items() if v}
             data.update(self.phase_times)
             atomic_write_bytes(os.path.join(self.run_dir, 'data.pkl'), pickle.dumps(data))
