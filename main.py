@@ -22,7 +22,6 @@ PRESET = Preset(
     offline=True,
     online_data_fraction=0.0,
     replay_starts_with_data=True,
-    random_warmup=False,
 )
 
 

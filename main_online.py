@@ -21,7 +21,6 @@ PRESET = Preset(
     offline=False,
     online_data_fraction=0.5,
     replay_starts_with_data=False,
-    random_warmup=True,
 )
 
 

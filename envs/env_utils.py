@@ -64,26 +64,6 @@ class RunEnvs:
     shards: object
 
 
-def make_run_envs(env_name, dataset_dir=None, ogbench_dataset_dir=None, seed=0, frame_stack=None, num_eval_envs=1):
-    """The environments and datasets of a training run of `env_name`, as a `RunEnvs`.
-
-    The arguments are those of `make_env_and_datasets`; `num_eval_envs` (at least 1) evaluation environments are
-    made. With `ogbench_dataset_dir`, the training data is the first shard of the returned `shards` cycler.
-    """
-    if num_eval_envs < 1:
-        raise EnvError(f'need at least one evaluation environment, got num_eval_envs={num_eval_envs}')
-    return _make_run_envs(
-        env_name,
-        frame_stack=frame_stack,
-        action_clip_eps=1e-5,
-        dataset_dir=dataset_dir,
-        ogbench_dataset_dir=ogbench_dataset_dir,
-        compact_dataset=False,
-        seed=seed,
-        num_eval_envs=num_eval_envs,
-    )
-
-
 def make_env_and_datasets(
     env_name,
     frame_stack=None,
@@ -112,7 +92,7 @@ def make_env_and_datasets(
         `FrameStackWrapper`), with online rewards already shifted like the offline ones (episode statistics stay
         unshifted); `Dataset` objects, val may be None.
     """
-    run = _make_run_envs(
+    run = make_run_envs(
         env_name,
         frame_stack=frame_stack,
         action_clip_eps=action_clip_eps,
@@ -120,14 +100,27 @@ def make_env_and_datasets(
         ogbench_dataset_dir=ogbench_dataset_dir,
         compact_dataset=compact_dataset,
         seed=seed,
-        num_eval_envs=1,
     )
     return run.env, run.eval_envs[0], run.train_dataset, run.val_dataset
 
 
-def _make_run_envs(
-    env_name, frame_stack, action_clip_eps, dataset_dir, ogbench_dataset_dir, compact_dataset, seed, num_eval_envs
+def make_run_envs(
+    env_name,
+    frame_stack=None,
+    action_clip_eps=1e-5,
+    dataset_dir=None,
+    ogbench_dataset_dir=None,
+    compact_dataset=False,
+    seed=0,
+    num_eval_envs=1,
 ):
+    """The environments and datasets of a training run of `env_name`, as a `RunEnvs`.
+
+    The arguments are those of `make_env_and_datasets`, plus `num_eval_envs` (at least 1) evaluation environments.
+    With `ogbench_dataset_dir`, the training data is the first shard of the returned `shards` cycler.
+    """
+    if num_eval_envs < 1:
+        raise EnvError(f'need at least one evaluation environment, got num_eval_envs={num_eval_envs}')
     family = FAMILIES[get_env_family(env_name)]
     shards = None
     if family is not ogbench_utils and (ogbench_dataset_dir is not None or compact_dataset):

@@ -158,9 +158,8 @@ class OGBenchShardCycler:
     relabelled like a regular OGBench file and its actions clipped like in `make_env_and_datasets`. A shard's
     validation set is its `-val.npz` sibling when there is one (`val_dataset()`, else None).
 
-    Seeds: the shard the cycler starts on is seeded with `seed` (like the datasets of `make_env_and_datasets`), and
-    the i-th change of shard (`next` or `seek`, counted from 0) with `seed + i`. That is the numbering the drivers
-    had when the first shard came from a separate loader, kept so that runs reproduce bit for bit.
+    Seeds: the k-th shard loaded (counted from 0, whatever its index) gets the generator seed `seed + k`, so the
+    first one is seeded like the datasets of `make_env_and_datasets`.
     """
 
     def __init__(
@@ -172,8 +171,7 @@ class OGBenchShardCycler:
         self.action_clip_eps = action_clip_eps
         self.index = start_index % len(self.paths)
         self.seed = seed
-        self._next_seed = seed  # Seed of the next shard loaded.
-        self._num_changes = 0
+        self._num_loads = 0
         # A private environment: relabelling resets it, which must not disturb the training environment.
         self._relabel_env = relabel_env if relabel_env is not None else make_ogbench_env(env_name)
         self._current = None
@@ -189,7 +187,8 @@ class OGBenchShardCycler:
     def _load(self, path):
         dataset = load_relabelled(self.env_name, path, self._relabel_env, self.compact_dataset)
         dataset = clip_actions(dataset, self.action_clip_eps)
-        dataset.seed(self._next_seed)
+        dataset.seed(self.seed + self._num_loads)
+        self._num_loads += 1
         return dataset
 
     def current(self):
@@ -201,8 +200,6 @@ class OGBenchShardCycler:
     def _change(self, index):
         self._current = None  # Release the old shard before the new one is read.
         self.index = index % len(self.paths)
-        self._next_seed = self.seed + self._num_changes
-        self._num_changes += 1
         return self.current()
 
     def next(self):

@@ -212,13 +212,13 @@ def test_run_envs_build_one_shard_cycler(data_dir, tmp_path):
     _same_dataset(run.train_dataset, train)
     _same_dataset(run.val_dataset, val)
     assert np.abs(run.train_dataset['actions']).max() <= 1 - 1e-5
-    # Seeds as the drivers always had them: the first shard `seed`, then `seed + i` for the i-th change of shard.
-    seeds = [5, 5, 6, 7]
+    # The k-th shard loaded is seeded with `seed + k`.
+    seeds = [5, 6, 7, 8]
     datasets = [run.train_dataset] + [run.shards.next() for _ in range(3)]
     assert run.shards.index == 0
     for seed, dataset in zip(seeds, datasets, strict=True):
         assert _rng_state(dataset) == json.dumps(np.random.default_rng(seed).bit_generator.state, sort_keys=True)
-    assert _rng_state(run.shards.seek(2)) == json.dumps(np.random.default_rng(8).bit_generator.state, sort_keys=True)
+    assert _rng_state(run.shards.seek(2)) == json.dumps(np.random.default_rng(9).bit_generator.state, sort_keys=True)
     assert run.shards.index == 2
 
 

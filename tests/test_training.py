@@ -3,6 +3,8 @@ the run config from flags, and a whole (tiny) run of the trainer."""
 
 import dataclasses
 import os
+import sys
+from unittest import mock
 
 import gymnasium
 import jax
@@ -152,9 +154,12 @@ def test_chunk_sampler_mixes_sources_in_order_and_stacks_updates():
 
 def _parse(preset, argv):
     flag_values = flags.FlagValues()
-    define_flags(preset, flag_values)
-    argv = ['prog', f'--agent={preset.agent_file}', *argv]  # Registers the `--agent.*` override flags.
-    flag_values(argv)
+    argv = ['prog', *argv]
+    # ml_collections' config flag reads its `--agent.*` overrides from sys.argv (when it is defined and parsed), as
+    # it does in the drivers.
+    with mock.patch.object(sys, 'argv', argv):
+        define_flags(preset, flag_values)
+        flag_values(argv)
     return from_flags(flag_values, argv, preset)
 
 
@@ -166,6 +171,8 @@ def test_agent_horizon_flag_alone_behaves_like_the_driver_flag(given):
         assert run.flag_record['agent']['horizon_length'] == 7
     with pytest.raises(UsageError, match=r'--start_training \(6\) must be >= the horizon length \(7\)'):
         _parse(main_online.PRESET, [given, '--start_training=6'])
+    with pytest.raises(UsageError, match='disagree'):
+        _parse(main.PRESET, ['--horizon_length=5', '--agent.horizon_length=7'])
 
 
 def test_run_config_is_frozen_and_validated():

@@ -27,8 +27,8 @@ class Preset:
         offline: Whether the run has an offline phase (and its flags: `--offline_steps`, `--fused_steps`, shards).
         online_data_fraction: Share of every online batch drawn from the offline data; the rest comes from the
             replay buffer (0: replay only, as `main.py`; 0.5: RLPD's symmetric sampling, as `main_online.py`).
-        replay_starts_with_data: The replay buffer starts as a copy of the offline data (else it starts empty).
-        random_warmup: Uniform random actions until `start_training` (for a replay buffer that starts empty).
+        replay_starts_with_data: The replay buffer starts as a copy of the offline data; else it starts empty and
+            the online phase takes uniform random actions until `start_training`.
     """
 
     agent_file: str
@@ -36,7 +36,6 @@ class Preset:
     offline: bool
     online_data_fraction: float
     replay_starts_with_data: bool
-    random_warmup: bool
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,7 +93,7 @@ class RunConfig:
     @property
     def random_steps(self):
         """Online steps that take uniform random actions before the agent acts."""
-        return self.start_training - 1 if self.preset.random_warmup else 0
+        return 0 if self.preset.replay_starts_with_data else self.start_training - 1
 
     def replace(self, **changes):
         """A validated copy with some fields changed (tests and notebooks build runs this way)."""
