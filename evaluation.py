@@ -45,23 +45,6 @@ class ActionQueue:
         return self._actions.popleft()
 
 
-def _reset(env, seed):
-    out = env.reset(seed=seed)
-    # gymnasium returns (obs, info); tolerate envs that return the observation alone.
-    if isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], dict):
-        return out
-    return out, {}
-
-
-def _step(env, action):
-    out = env.step(action)
-    if len(out) == 5:
-        obs, reward, terminated, truncated, info = out
-        return obs, reward, bool(terminated) or bool(truncated), info
-    obs, reward, done, info = out
-    return obs, reward, bool(done), info
-
-
 class EpisodeRunner:
     """State of one episode in progress: the action queue, the JAX key and the trajectory so far.
 
@@ -85,7 +68,7 @@ class EpisodeRunner:
         self.length = 0
         self.done = False
         self.last_info = {}
-        self.observation, _ = _reset(env, seed + index)
+        self.observation, _ = env.reset(seed=seed + index)
         if self.render_every:
             self.frames.append(self._render())
 
@@ -107,7 +90,8 @@ class EpisodeRunner:
     def step(self):
         """Executes the front action of the queue in the env."""
         action = np.clip(np.asarray(self.queue.pop()), -1, 1)
-        next_observation, reward, done, info = _step(self.env, action)
+        next_observation, reward, terminated, truncated, info = self.env.step(action)
+        done = bool(terminated) or bool(truncated)
         if self.record:
             traj = self.trajectory
             traj['observation'].append(self.observation)
@@ -128,11 +112,7 @@ class EpisodeRunner:
 
     def stats(self):
         """Per-episode statistics: the EpisodeMonitor summary if present, else our own return and length."""
-        stats = {'return': self.episode_return, 'length': float(self.length)}
-        for key, value in (self.last_info.get('episode') or {}).items():
-            value = to_scalar(value)
-            if value is not None:
-                stats[key] = value
+        stats = {'return': self.episode_return, 'length': float(self.length), **monitor_stats(self.last_info)}
         if 'success' in self.last_info:
             success = to_scalar(self.last_info['success'])
             if success is not None:
@@ -140,11 +120,21 @@ class EpisodeRunner:
         return stats
 
 
-def _mean_stats(per_episode):
+def monitor_stats(info):
+    """The scalar entries of the EpisodeMonitor summary `info['episode']` of an episode's last step ({} if none)."""
+    stats = {}
+    for key, value in (info.get('episode') or {}).items():
+        value = to_scalar(value)
+        if value is not None:
+            stats[key] = value
+    return stats
+
+
+def mean_stats(per_episode):
+    """Per-key means over episodes; a key missing from some episodes is averaged over those that report it."""
     keys = []
     for stats in per_episode:
         keys.extend(k for k in stats if k not in keys)
-    # A key missing from some episodes is averaged over the episodes that report it.
     return {k: float(np.mean([s[k] for s in per_episode if k in s])) for k in keys}
 
 
@@ -272,5 +262,5 @@ def evaluate(
             per_episode.append(runner.stats())
             if record_trajectories:
                 trajectories.append(runner.trajectory)
-    stats = _mean_stats(per_episode) if per_episode else {}
+    stats = mean_stats(per_episode) if per_episode else {}
     return stats, trajectories, renders

@@ -3,8 +3,9 @@
     MUJOCO_GL=egl python main.py --agent=agents/acfql.py --env_name=cube-triple-play-singletask-task2-v0 \
         --horizon_length=5 --agent.actor_type=best-of-n
 
-The online replay buffer starts as a copy of the offline data. Logs (`offline_agent.csv`, `online_agent.csv`,
-`eval.csv`, `env.csv`), `flags.json` and checkpoints go to `<save_dir>/<run_group>/<exp_name>/`.
+Online batches come from the replay buffer only, which starts as a copy of the offline data. Logs
+(`offline_agent.csv`, `online_agent.csv`, `eval.csv`, `env.csv`), `flags.json` and checkpoints go to
+`<save_dir>/<run_group>/<exp_name>/`.
 """
 
 import sys
@@ -12,34 +13,23 @@ import sys
 from absl import app, flags
 
 from agents import agents
-from utils.datasets import ReplayBuffer
-from utils.training import Trainer, define_flags, exit_on_user_errors, stack_utd
+from training import Preset, Trainer, define_flags, from_flags
+from utils.errors import cli_main
 
-FLAGS = flags.FLAGS
-define_flags(offline=True, buffer_size=2000000, agent_file='agents/acfql.py')
+PRESET = Preset(
+    agent_file='agents/acfql.py',
+    buffer_size=2_000_000,
+    offline=True,
+    online_data_fraction=0.0,
+    replay_starts_with_data=True,
+)
 
 
 def main(_):
-    trainer = Trainer(FLAGS, sys.argv, agents)
-    trainer.offline_phase()
-    if FLAGS.online_steps == 0:  # Offline only: no replay buffer to allocate.
-        trainer.finish()
-        return
-
-    dataset = trainer.train_dataset
-    buffer = ReplayBuffer.create_from_initial_dataset(
-        dataset, size=max(FLAGS.buffer_size, dataset.size + 1), seed=FLAGS.seed
-    )
-    config = trainer.config
-    batch_size = config['batch_size']
-
-    def sample_batch():
-        chunks = buffer.sample_sequence(batch_size * FLAGS.utd_ratio, config['horizon_length'], config['discount'])
-        return stack_utd(chunks, FLAGS.utd_ratio, batch_size)
-
-    trainer.online_phase(buffer, sample_batch)
-    trainer.finish()
+    run = from_flags(flags.FLAGS, sys.argv, PRESET)
+    Trainer(run, agents).train()
 
 
 if __name__ == '__main__':
-    app.run(exit_on_user_errors(main))
+    define_flags(PRESET)  # Here, so that tests and sweeps can import PRESET without defining flags.
+    app.run(cli_main(main))

@@ -9,47 +9,26 @@ Variants of the paper: RLPD `--horizon_length=1`, RLPD-AC `--horizon_length=5`, 
 
 import sys
 
-import numpy as np
 from absl import app, flags
 
 from agents import agents
-from utils.datasets import ReplayBuffer
-from utils.training import Trainer, UsageError, define_flags, exit_on_user_errors, stack_utd
+from training import Preset, Trainer, define_flags, from_flags
+from utils.errors import cli_main
 
-FLAGS = flags.FLAGS
-define_flags(offline=False, buffer_size=1000000, agent_file='agents/acrlpd.py')
-
-TRANSITION_KEYS = ('observations', 'actions', 'rewards', 'terminals', 'masks', 'next_observations')
+PRESET = Preset(
+    agent_file='agents/acrlpd.py',
+    buffer_size=1_000_000,
+    offline=False,
+    online_data_fraction=0.5,
+    replay_starts_with_data=False,
+)
 
 
 def main(_):
-    if FLAGS.start_training < FLAGS.horizon_length:
-        raise UsageError(
-            f'--start_training ({FLAGS.start_training}) must be >= --horizon_length, so that the '
-            'replay buffer holds a full chunk before the first update'
-        )
-    trainer = Trainer(FLAGS, sys.argv, agents)
-    dataset = trainer.train_dataset
-    buffer = ReplayBuffer.create({k: dataset[k][0] for k in TRANSITION_KEYS}, size=FLAGS.buffer_size, seed=FLAGS.seed)
-    config = trainer.config
-    utd, batch_size = FLAGS.utd_ratio, config['batch_size']
-    dataset_half = batch_size // 2
-    replay_half = batch_size - dataset_half
-
-    def sample_batch():
-        chunks = [
-            stack_utd(trainer.sample_dataset_chunks(utd * dataset_half), utd, dataset_half),
-            stack_utd(
-                buffer.sample_sequence(utd * replay_half, config['horizon_length'], config['discount']),
-                utd,
-                replay_half,
-            ),
-        ]
-        return {k: np.concatenate([c[k] for c in chunks], axis=1) for k in chunks[0]}
-
-    trainer.online_phase(buffer, sample_batch, random_steps=FLAGS.start_training - 1)
-    trainer.finish()
+    run = from_flags(flags.FLAGS, sys.argv, PRESET)
+    Trainer(run, agents).train()
 
 
 if __name__ == '__main__':
-    app.run(exit_on_user_errors(main))
+    define_flags(PRESET)  # Here, so that tests and sweeps can import PRESET without defining flags.
+    app.run(cli_main(main))

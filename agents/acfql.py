@@ -17,15 +17,10 @@ import optax
 
 from utils.encoders import encoder_modules
 from utils.flax_utils import ModuleDict, TrainState, nonpytree_field, scan_updates, target_update
-from utils.networks import ActorVectorField, Value
+from utils.networks import ActorVectorField, Value, aggregate_q, batched_examples
 
 ACTOR_TYPES = ('distill-ddpg', 'best-of-n')
 Q_AGGS = ('mean', 'min')
-
-
-def aggregate_q(qs, q_agg):
-    """Aggregates a critic ensemble's outputs (num_qs, ...) by 'mean' or 'min' over the ensemble axis."""
-    return qs.min(axis=0) if q_agg == 'min' else qs.mean(axis=0)
 
 
 class ACFQLAgent(flax.struct.PyTreeNode):
@@ -131,7 +126,7 @@ class ACFQLAgent(flax.struct.PyTreeNode):
     def batch_update(self, batch):
         """`U` sequential updates fused in one `lax.scan`; every leaf of `batch` has a leading (U,) axis.
 
-        Equivalent to U calls of `update`; the returned info is averaged over the U steps.
+        Equivalent to U calls of `update`; the returned info is the last update's.
         """
         return scan_updates(lambda agent, b: agent._update(b), self, batch)
 
@@ -176,8 +171,8 @@ class ACFQLAgent(flax.struct.PyTreeNode):
 
         Args:
             seed: Seed of the agent's JAX key (initialization and sampling).
-            ex_observations: Example observations with a leading batch axis, (1, *obs_shape).
-            ex_actions: Example single-step actions with a leading batch axis, (1, A).
+            ex_observations: One example observation, obs_shape, or a batch of them, (B, *obs_shape).
+            ex_actions: One example single-step action, (A,), or a batch, (B, A), matching `ex_observations`.
             config: The agent's config (see `get_config`), with `horizon_length` set.
         """
         config = dict(config)
@@ -190,11 +185,10 @@ class ACFQLAgent(flax.struct.PyTreeNode):
 
         rng = jax.random.PRNGKey(seed)
         rng, init_rng = jax.random.split(rng)
-        ex_observations = jnp.asarray(ex_observations)
-        ex_actions = jnp.asarray(ex_actions)
+        ex_observations, ex_actions = batched_examples(ex_observations, ex_actions)  # (B, *obs), (B, A)
         action_dim = ex_actions.shape[-1]
         horizon = config['horizon_length'] if config['action_chunking'] else 1
-        full_actions = jnp.concatenate([ex_actions] * horizon, axis=-1)  # (1, H * A)
+        full_actions = jnp.concatenate([ex_actions] * horizon, axis=-1)  # (B, H * A)
         full_action_dim = full_actions.shape[-1]
         ex_times = ex_actions[..., :1]
 

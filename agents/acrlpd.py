@@ -14,6 +14,7 @@ import optax
 from rlpd_distributions import TanhNormal
 from rlpd_networks import MLP, Ensemble, StateActionValue
 from utils.flax_utils import ModuleDict, TrainState, nonpytree_field, scan_updates, target_update
+from utils.networks import aggregate_q, batched_examples
 
 # Dataset chunks are pulled this far inside (-1, 1) before the BC log-prob, where atanh is finite.
 BC_ACTION_CLIP = 1e-5
@@ -53,7 +54,7 @@ class ACRLPDAgent(flax.struct.PyTreeNode):
         next_obs = batch['next_observations'][..., -1, :]  # (B, obs): the state after the chunk
         next_actions = self.network.select('actor')(next_obs).sample(seed=rng)  # (B, H*A)
         next_qs = self.network.select('target_critic')(next_obs, next_actions)  # (num_qs, B)
-        next_q = next_qs.min(axis=0) if self.config['q_agg'] == 'min' else next_qs.mean(axis=0)
+        next_q = aggregate_q(next_qs, self.config['q_agg'])  # (B,)
         # rewards[..., -1] already holds the discounted sum of the H rewards; masks[..., -1] is 0 after a termination.
         discount = self.config['discount'] ** self.config['horizon_length']
         target_q = batch['rewards'][..., -1] + discount * batch['masks'][..., -1] * next_q  # (B,)
@@ -128,7 +129,7 @@ class ACRLPDAgent(flax.struct.PyTreeNode):
 
     @jax.jit
     def batch_update(self, batch):
-        """`update` applied over the leading UTD axis of `batch` (leaves (U, B, ...)); infos averaged over U."""
+        """`update` over the leading UTD axis of `batch` (leaves (U, B, ...)); returns the last update's info."""
         return scan_updates(lambda agent, b: agent._update(b), self, batch)
 
     @jax.jit
@@ -144,8 +145,8 @@ class ACRLPDAgent(flax.struct.PyTreeNode):
 
         Args:
             seed: Random seed.
-            ex_observations: Example observations with a leading batch axis, (1, obs_dim).
-            ex_actions: Example single-step actions with a leading batch axis, (1, A).
+            ex_observations: One example observation, (obs_dim,), or a batch of them, (B, obs_dim).
+            ex_actions: One example single-step action, (A,), or a batch, (B, A), matching `ex_observations`.
             config: The `get_config()` dict with `horizon_length` set.
         """
         config = ml_collections.ConfigDict(config).to_dict()
@@ -157,11 +158,12 @@ class ACRLPDAgent(flax.struct.PyTreeNode):
         rng = jax.random.PRNGKey(seed)
         rng, init_rng = jax.random.split(rng)
 
+        ex_observations, ex_actions = batched_examples(ex_observations, ex_actions)  # (B, obs), (B, A)
         action_dim = ex_actions.shape[-1]
         if config['action_chunking']:
-            ex_full_actions = jnp.concatenate([ex_actions] * config['horizon_length'], axis=-1)  # (1, H*A)
+            ex_full_actions = jnp.concatenate([ex_actions] * config['horizon_length'], axis=-1)  # (B, H*A)
         else:
-            ex_full_actions = ex_actions  # (1, A)
+            ex_full_actions = ex_actions  # (B, A)
         full_action_dim = ex_full_actions.shape[-1]
         if config['target_entropy'] is None:
             config['target_entropy'] = -config['target_entropy_multiplier'] * full_action_dim

@@ -17,7 +17,7 @@ OBS_FILTERS = ['.*privileged.*', '.*proprio.*']  # As `make_env_and_datasets` wr
 
 def make_env(env_name=ENV_NAME, max_episode_steps=None):
     """An OGBench env wrapped like the drivers' evaluation env (`EpisodeMonitor`)."""
-    from envs.env_utils import EpisodeMonitor
+    from envs.common import EpisodeMonitor
     from envs.ogbench_utils import make_ogbench_env
 
     kwargs = {} if max_episode_steps is None else dict(max_episode_steps=max_episode_steps)

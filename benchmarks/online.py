@@ -34,8 +34,9 @@ class _TimedPolicy:
 
 def run(agent_name='QC', size='small', steps=None, target_s=5.0, dataset_size=10_000, log=print):
     """Benchmarks the online loop for one agent; returns steps/s as run and the blocked per-part breakdown."""
+    from training.actor import OnlineActor
+    from training.data import stack_utd
     from utils.datasets import Dataset, ReplayBuffer
-    from utils.training import OnlineActor, stack_utd
 
     agent, config = make_agent(agent_name, size)
     batch_size, horizon, discount = config['batch_size'], config['horizon_length'], config['discount']

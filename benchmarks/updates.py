@@ -2,7 +2,7 @@
 
 The per-step schedule is the reference's: sample a batch on the host, then one jitted `agent.update` call per
 update (dispatched asynchronously, as the drivers do). The fused schedule is `main.py`'s offline loop: sample K
-batches on the host, `stack_batches`, one `fused_updates` call. Both run in the same process, interleaved, on the
+batches on the host, stacked, one `batch_update` call. Both run in the same process, interleaved, on the
 same dataset, so their ratio is not skewed by load changes between them.
 
 FLOPs come from XLA's cost analysis of the compiled update. To say where the time goes, the matrix products of the
@@ -140,8 +140,6 @@ def make_dataset(num_transitions, seed=0):
 
 def bench_agent(agent_name, size, dataset, target_s=3.0, rounds=2, max_fused=100, replay=True, matmul_n=2048):
     """All update measurements of one agent at one size; returns a flat dict of numbers (seconds, FLOPs, rates)."""
-    from utils.training import fused_updates, stack_batches
-
     agent, config = make_agent(agent_name, size)
     batch_size, horizon, discount = config['batch_size'], config['horizon_length'], config['discount']
 
@@ -179,11 +177,11 @@ def bench_agent(agent_name, size, dataset, target_s=3.0, rounds=2, max_fused=100
     steps = int(np.clip(round(target_s / max(estimate, 1e-6)), 3, max_fused))
     out['steps_per_round'] = steps
 
-    # First fused call of this block size compiles `fused_updates` for it; one more per-step update warms the
+    # First fused call of this block size compiles `batch_update` for it; one more per-step update warms the
     # signature that the fused call's output has.
     stacked = stack_batches([sample() for _ in range(steps)])
     start = time.perf_counter()
-    agent, info = fused_updates(agent, stacked)
+    agent, info = agent.batch_update(stacked)
     jax.block_until_ready((agent, info))
     out['first_fused_call_s'] = time.perf_counter() - start
     (agent, info), out['update_after_fused_s'] = timed(agent.update, batch)
@@ -197,7 +195,7 @@ def bench_agent(agent_name, size, dataset, target_s=3.0, rounds=2, max_fused=100
         per_step_times.append(time.perf_counter() - start)
 
         start = time.perf_counter()
-        agent, info = fused_updates(agent, stack_batches([sample() for _ in range(steps)]))
+        agent, info = agent.batch_update(stack_batches([sample() for _ in range(steps)]))
         jax.block_until_ready((agent, info))
         fused_times.append(time.perf_counter() - start)
 
@@ -211,7 +209,7 @@ def bench_agent(agent_name, size, dataset, target_s=3.0, rounds=2, max_fused=100
     stacked = jax.device_put(stacked)
     # The matmul reference right before the compute measurement: the machine is shared, so its rate drifts.
     out['matmul_local_flops_per_s'] = matmul_rate(matmul_n, reps=5)['flops_per_s']
-    (agent, info), compute = timed(fused_updates, agent, stacked)
+    (agent, info), compute = timed(agent.batch_update, stacked)
     out['compute_ms'] = 1e3 * compute / steps
 
     out['per_step_ups'] = steps / min(per_step_times)
@@ -255,3 +253,8 @@ def run(
             )
             results.append(row)
     return results
+
+
+def stack_batches(batches):
+    """Stacks a list of batches (dicts of arrays) into one with a leading (U,) axis, as `batch_update` takes."""
+    return {k: np.stack([b[k] for b in batches]) for k in batches[0]}

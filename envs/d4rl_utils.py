@@ -1,8 +1,8 @@
 """D4RL-style tasks: AntMaze and Adroit, from D4RL-format hdf5 files read with plain h5py.
 
 Datasets: `<dataset_dir or ~/.d4rl/datasets>/<env_name>.hdf5` with `observations, actions, rewards, terminals,
-timeouts`, turned into transitions with D4RL's q-learning semantics (`qlearning_transitions`). Minari re-releases
-(`D4RL/antmaze/umaze-v1`, ...) are read from a local Minari folder when present.
+timeouts`, turned into transitions with D4RL's q-learning semantics (`qlearning_transitions`). The Minari
+re-releases (`D4RL/antmaze/umaze-v1`, ...) are a family of their own, `envs.minari_utils`.
 
 Environments: the legacy `d4rl` package when it (and mujoco_py) can be imported, otherwise Gymnasium-Robotics
 equivalents with D4RL's observation layout (`GymRoboticsAntMaze`, Adroit `AdroitHand*-v1`).
@@ -15,13 +15,11 @@ import gymnasium
 import numpy as np
 from gymnasium.spaces import Box
 
-from envs.env_utils import EnvError, dataset_from_arrays, require
+from envs.common import GYMNASIUM_ROBOTICS_INSTALL, EnvError, dataset_from_arrays, require
 
 DEFAULT_DATASET_DIR = '~/.d4rl/datasets'
-GYMNASIUM_ROBOTICS_INSTALL = 'pip install gymnasium-robotics==1.4.2 pettingzoo==1.27.0'
 _ANTMAZE_RE = re.compile(r'^antmaze-(?P<maze>umaze|medium|large)(?:-(?P<kind>diverse|play))?-v(?P<v>[0-2])$')
 _ADROIT_RE = re.compile(r'^(?P<task>pen|door|hammer|relocate)-(?P<kind>human|cloned|expert)-v(?P<v>[01])$')
-_MINARI_RE = re.compile(r'^D4RL/(?P<domain>[a-z]+)/(?P<name>[a-z0-9-]+)-v(?P<v>\d+)$')
 
 # D4RL's reference returns for normalized scores (random and expert policies).
 REF_SCORES = {
@@ -87,11 +85,6 @@ _MAX_EPISODE_STEPS = {
 def is_d4rl_env(env_name):
     """Whether `env_name` is a D4RL AntMaze or Adroit name."""
     return bool(_ANTMAZE_RE.match(env_name) or _ADROIT_RE.match(env_name))
-
-
-def is_minari_env(env_name):
-    """Whether `env_name` is a Minari dataset id of the D4RL collection (`D4RL/<domain>/<name>-v<k>`)."""
-    return _MINARI_RE.match(env_name) is not None
 
 
 def is_antmaze(env_name):
@@ -289,85 +282,25 @@ def make_d4rl_env(env_name, prefer_legacy=True):
     return GymRoboticsAdroit(env_name)
 
 
-def minari_dataset_path(env_name, dataset_dir=None):
-    """`<root>/<dataset id>/data/main_data.hdf5` of a local Minari dataset; raises `EnvError` when missing."""
-    root = dataset_dir or os.environ.get('MINARI_DATASETS_PATH') or '~/.minari/datasets'
-    path = os.path.join(os.path.expanduser(root), env_name, 'data', 'main_data.hdf5')
-    if not os.path.exists(path):
-        raise EnvError(
-            f'Minari dataset not found at {path}; on a machine with network run: minari download {env_name} '
-            f'(then copy ~/.minari/datasets/{env_name} here), or set MINARI_DATASETS_PATH / --dataset_dir'
-        )
-    return path
+def matches(env_name):
+    """Whether this family serves `env_name` (a D4RL AntMaze or Adroit name)."""
+    return is_d4rl_env(env_name)
 
 
-def _flat_obs(node):
-    # Goal-conditioned Minari data stores dict observations; D4RL's layout puts the position (achieved goal) first.
-    if hasattr(node, 'keys'):
-        parts = [np.asarray(node[k]) for k in ('achieved_goal', 'observation') if k in node]
-        return np.concatenate(parts, axis=-1)
-    return np.asarray(node)
+def reward_shift(env_name):
+    """Shift of online rewards, matching the shifted offline data (AntMaze: -1)."""
+    return online_reward_shift(env_name)
 
 
-def load_minari_dataset(path, env_name):
-    """A `Dataset` of a local Minari hdf5 file: episodes as stored, terminals at episode ends, masks at terminations."""
-    h5py = require('h5py', 'pip install h5py')
-    fields = {k: [] for k in ('observations', 'actions', 'rewards', 'terminals', 'masks', 'next_observations')}
-    with h5py.File(path, 'r') as f:
-        episodes = sorted((k for k in f.keys() if k.startswith('episode_')), key=lambda k: int(k.split('_')[-1]))
-        for ep in episodes:
-            g = f[ep]
-            obs = _flat_obs(g['observations']).astype(np.float32)
-            n = len(g['actions'])
-            terminals = np.zeros(n, np.float32)
-            terminals[-1] = 1.0
-            fields['observations'].append(obs[:n])
-            fields['next_observations'].append(obs[1 : n + 1])
-            fields['actions'].append(np.asarray(g['actions'], np.float32))
-            fields['rewards'].append(np.asarray(g['rewards'], np.float32) + online_reward_shift(env_name))
-            fields['terminals'].append(terminals)
-            fields['masks'].append(1.0 - np.asarray(g['terminations'], np.float32))
-    if not fields['actions']:
-        raise EnvError(f'the Minari file {path} holds no episodes')
-    return dataset_from_arrays(**{k: np.concatenate(v) for k, v in fields.items()})
+INFO_FILTERS = ()
 
 
-class FlattenGoalObservation(gymnasium.ObservationWrapper):
-    """Flattens a goal-conditioned dict observation to [achieved_goal, observation] (Minari AntMaze data layout)."""
-
-    def __init__(self, env):
-        super().__init__(env)
-        space = env.observation_space
-        dim = sum(space[k].shape[0] for k in ('achieved_goal', 'observation'))
-        self.observation_space = Box(-np.inf, np.inf, shape=(dim,), dtype=np.float64)
-
-    def observation(self, observation):
-        return _flat_obs(observation)
+def make_env(env_name, dataset_dir=None, seed=0):
+    """One environment of a D4RL name (legacy `d4rl` when installed, else gymnasium-robotics)."""
+    return make_d4rl_env(env_name)
 
 
-def make_minari_env(path):
-    """The environment recorded in a Minari file's `env_spec` attribute (Gymnasium-Robotics ids)."""
-    h5py = require('h5py', 'pip install h5py')
-    with h5py.File(path, 'r') as f:
-        spec_json = f.attrs.get('env_spec')
-    if spec_json is None:
-        raise EnvError(f'the Minari file {path} has no env_spec attribute, so its environment is unknown')
-    gym_robotics = require('gymnasium_robotics', GYMNASIUM_ROBOTICS_INSTALL)
-    gymnasium.register_envs(gym_robotics)
-    spec = gymnasium.envs.registration.EnvSpec.from_json(
-        spec_json if isinstance(spec_json, str) else spec_json.decode()
-    )
-    env = gymnasium.make(spec)
-    if isinstance(env.observation_space, gymnasium.spaces.Dict):
-        env = FlattenGoalObservation(env)
-    return env
-
-
-def make_d4rl_env_and_datasets(env_name, dataset_dir=None):
-    """(env, eval_env, train_dataset, None) of a D4RL or Minari name; online reward shifts are the caller's."""
-    if is_minari_env(env_name):
-        path = minari_dataset_path(env_name, dataset_dir)
-        return make_minari_env(path), make_minari_env(path), load_minari_dataset(path, env_name), None
-    path = dataset_path(env_name, dataset_dir)
-    dataset = load_d4rl_dataset(path, env_name)
+def make_env_and_datasets(env_name, dataset_dir=None, seed=0):
+    """(env, eval_env, train_dataset, None) of a D4RL name; online reward shifts are the caller's."""
+    dataset = load_d4rl_dataset(dataset_path(env_name, dataset_dir), env_name)
     return make_d4rl_env(env_name), make_d4rl_env(env_name), dataset, None

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from envs.env_utils import EnvError
+from envs.common import EnvError
 
 
 def _mujoco_data(env):

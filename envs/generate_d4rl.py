@@ -10,7 +10,8 @@ import os
 
 import numpy as np
 
-from envs.env_utils import EnvError, require, run_cli
+from envs.common import EnvError, require
+from utils.errors import run_cli
 
 
 def generate_dataset(env_name, save_path, num_episodes=3, episode_length=None, seed=0):

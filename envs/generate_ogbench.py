@@ -9,6 +9,14 @@ same npz layout (`observations, actions, terminals, qpos, qvel`, plus `button_st
 
 writes data/ogbench/cube-single-play-v0.npz and data/ogbench/cube-single-play-v0-val.npz, which
 `make_env_and_datasets('cube-single-play-singletask-task2-v0', dataset_dir='data/ogbench')` loads.
+
+Visual datasets (`visual-cube-single-play-v0`, ...) are collected like OGBench collects its own: the same oracles run
+in the pixel-based environment (they plan from the simulator state in `info`, never from the observation), and the
+64x64x3 uint8 frames are stored as `observations`, next to the `qpos`/`qvel` the single-task relabelling needs.
+Rendering is offscreen, so set MUJOCO_GL first (`egl` on a GPU node, `osmesa` on CPU):
+
+    MUJOCO_GL=osmesa python -m envs.generate_ogbench --env_name=visual-cube-single-play-v0 --num_episodes=2 \
+        --num_val_episodes=1 --episode_length=20 --save_dir=data/ogbench
 """
 
 import argparse
@@ -19,7 +27,9 @@ from collections import defaultdict
 
 import numpy as np
 
-from envs.env_utils import EnvError, run_cli
+from envs.common import EnvError
+from envs.ogbench_utils import make_rendering_env
+from utils.errors import run_cli
 
 # Number of training episodes of OGBench's published play datasets.
 DEFAULT_NUM_EPISODES = {
@@ -33,18 +43,22 @@ DEFAULT_NUM_EPISODES = {
     'puzzle-4x5': 3000,
     'puzzle-4x6': 5000,
 }
-_ENV_RE = re.compile(r'^(?P<env>cube-(?:single|double|triple|quadruple)|scene|puzzle-\d+x\d+)(?:-play)?-(?P<v>v\d+)$')
+_ENV_RE = re.compile(
+    r'^(?P<visual>visual-)?(?P<env>cube-(?:single|double|triple|quadruple)|scene|puzzle-\d+x\d+)(?:-play)?-(?P<v>v\d+)$'
+)
 
 
 def parse_env_name(name):
-    """(environment base, gym id, dataset name) from `cube-single-play-v0` or `cube-single-v0`."""
+    """(environment base, gym id, dataset name) from `cube-single-play-v0` or `cube-single-v0` (optionally with the
+    `visual-` prefix, which the gym id and the dataset name keep and the base drops)."""
     m = _ENV_RE.match(name)
     if m is None:
         raise EnvError(
             f'cannot generate {name!r}: expected an OGBench manipulation play dataset name such as '
-            f'cube-single-play-v0, scene-play-v0 or puzzle-3x3-play-v0'
+            f'cube-single-play-v0, scene-play-v0, puzzle-3x3-play-v0 or visual-cube-single-play-v0'
         )
-    return m['env'], f'{m["env"]}-{m["v"]}', f'{m["env"]}-play-{m["v"]}'
+    visual = m['visual'] or ''
+    return m['env'], f'{visual}{m["env"]}-{m["v"]}', f'{visual}{m["env"]}-play-{m["v"]}'
 
 
 def sample_p_stack(env_base, rng):
@@ -134,11 +148,13 @@ def collect_episode(env, oracles, env_base, rng, episode_length, progress=None):
     return ep
 
 
-def _to_arrays(episodes):
+def _to_arrays(episodes, visual=False):
     out = {}
     for k in episodes[0]:
         values = [v for ep in episodes for v in ep[k]]
-        dtype = bool if k == 'terminals' else (np.int64 if k == 'button_states' else np.float32)
+        dtype = {'terminals': bool, 'button_states': np.int64}.get(k, np.float32)
+        if k == 'observations' and visual:
+            dtype = np.uint8  # Frames, as in OGBench's visual datasets.
         out[k] = np.asarray(values, dtype=dtype)
     return out
 
@@ -157,7 +173,8 @@ def generate_dataset(
     """Collects `num_episodes` training and `num_val_episodes` validation episodes and writes both npz files.
 
     Args:
-        env_name: `cube-single-play-v0` (or `cube-single-v0`), `scene-play-v0`, `puzzle-3x3-play-v0`, ...
+        env_name: `cube-single-play-v0` (or `cube-single-v0`), `scene-play-v0`, `puzzle-3x3-play-v0`, ..., and their
+            pixel-based `visual-` variants (rendered offscreen: MUJOCO_GL must be set before MuJoCo is imported).
         save_path: Training file; the validation file is the same path ending in `-val.npz`.
         num_episodes: Training episodes (default: the count of OGBench's published dataset).
         num_val_episodes: Validation episodes (default: num_episodes // 10, at least 1).
@@ -185,7 +202,11 @@ def generate_dataset(
     if not str(save_path).endswith('.npz'):
         raise EnvError(f'--save_path must end in .npz, got {save_path}')
 
-    env = gymnasium.make(gym_id, terminate_at_goal=False, mode='data_collection', max_episode_steps=episode_length)
+    def make():
+        return gymnasium.make(gym_id, terminate_at_goal=False, mode='data_collection', max_episode_steps=episode_length)
+
+    visual = gym_id.startswith('visual-')
+    env = make_rendering_env(make, gym_id) if visual else make()
     rng = np.random.default_rng(seed)
     env.reset(seed=int(rng.integers(2**31)))
     oracles = _make_oracles(env, env_base, noise, noise_smoothing)
@@ -205,15 +226,19 @@ def generate_dataset(
 
     val_path = str(save_path)[: -len('.npz')] + '-val.npz'
     os.makedirs(os.path.dirname(os.path.abspath(save_path)), exist_ok=True)
-    np.savez_compressed(save_path, **_to_arrays(episodes[:num_episodes]))
-    np.savez_compressed(val_path, **_to_arrays(episodes[num_episodes:]))
+    np.savez_compressed(save_path, **_to_arrays(episodes[:num_episodes], visual))
+    np.savez_compressed(val_path, **_to_arrays(episodes[num_episodes:], visual))
     return str(save_path), val_path
 
 
 def main(argv=None):
     """Command-line entry point (see the module docstring)."""
     p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    p.add_argument('--env_name', default='cube-single-play-v0', help='dataset name, e.g. cube-single-play-v0')
+    p.add_argument(
+        '--env_name',
+        default='cube-single-play-v0',
+        help='dataset name, e.g. cube-single-play-v0, visual-cube-single-play-v0',
+    )
     p.add_argument('--save_path', default=None, help='training npz path (default: <save_dir>/<dataset name>.npz)')
     p.add_argument('--save_dir', default='~/.ogbench/data', help='folder used when --save_path is not given')
     p.add_argument('--num_episodes', type=int, default=None, help="training episodes (default: OGBench's count)")

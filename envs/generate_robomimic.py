@@ -12,8 +12,9 @@ import os
 
 import numpy as np
 
-from envs.env_utils import EnvError, require, run_cli
+from envs.common import EnvError, require
 from envs.robomimic_utils import LOW_DIM_KEYS, ROBOSUITE_INSTALL, low_dim_observation, make_robosuite_env
+from utils.errors import run_cli
 
 # Extra robosuite keys stored per step, as RoboMimic files carry more than the four keys the agents read.
 _EXTRA_KEYS = ('robot0_joint_pos', 'robot0_joint_vel', 'robot0_gripper_qvel')

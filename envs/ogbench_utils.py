@@ -1,26 +1,41 @@
 """OGBench single-task manipulation environments and datasets, loaded and relabelled by the `ogbench` package itself.
 
-Name layout: `<env>-<dataset type>-singletask[-task<k>]-v0`, e.g. `cube-double-play-singletask-task2-v0`. The gym
-environment drops the dataset type (`cube-double-singletask-task2-v0`); the dataset file drops the task
-(`cube-double-play-v0.npz` and `cube-double-play-v0-val.npz`).
+Name layout: `[visual-]<env>-<dataset type>-singletask[-task<k>]-v0`, e.g. `cube-double-play-singletask-task2-v0`.
+The gym environment drops the dataset type (`cube-double-singletask-task2-v0`); the dataset file drops the task
+(`cube-double-play-v0.npz` and `cube-double-play-v0-val.npz`). With the `visual-` prefix the environment observes
+64x64x3 uint8 pixels (OGBench's `visual-cube-double-singletask-task2-v0`) and the dataset is OGBench's pixel one
+(`visual-cube-double-play-v0.npz`); rendering needs an offscreen OpenGL (`MUJOCO_GL=egl` on a GPU node,
+`MUJOCO_GL=osmesa` on CPU), set before MuJoCo is imported.
 """
 
 import glob
 import os
 import re
 
-from envs.env_utils import EnvError, clip_actions, dataset_from_arrays
+import numpy as np
+
+from envs.common import EnvError, clip_actions, dataset_from_arrays
 
 DEFAULT_DATASET_DIR = '~/.ogbench/data'
 _NAME_RE = re.compile(
-    r'^(?P<env>cube-(?:single|double|triple|quadruple|octuple)|scene|puzzle-\d+x\d+)'
+    r'^(?P<visual>visual-)?(?P<env>cube-(?:single|double|triple|quadruple|octuple)|scene|puzzle-\d+x\d+)'
     r'-(?P<type>play|noisy)(?:-(?P<size>\d+[mk]))?-singletask(?:-(?P<task>task\d+))?-(?P<version>v\d+)$'
+)
+RENDERING_HINT = (
+    'set MUJOCO_GL=egl (GPU) or MUJOCO_GL=osmesa (CPU; needs libosmesa6: apt-get install -y libosmesa6) '
+    'before starting, as MuJoCo reads it when it is first imported'
 )
 
 
 def is_ogbench_env(env_name):
-    """Whether `env_name` is an OGBench single-task manipulation name."""
+    """Whether `env_name` is an OGBench single-task manipulation name (state-based or `visual-`)."""
     return _NAME_RE.match(env_name) is not None
+
+
+def is_visual(env_name):
+    """Whether `env_name` is a pixel-based OGBench name (`visual-` prefix)."""
+    m = _NAME_RE.match(env_name)
+    return m is not None and m['visual'] is not None
 
 
 def split_name(env_name):
@@ -28,10 +43,34 @@ def split_name(env_name):
     m = _NAME_RE.match(env_name)
     if m is None:
         raise EnvError(f'{env_name!r} is not an OGBench single-task name (e.g. cube-single-play-singletask-task2-v0)')
+    visual = m['visual'] or ''
     task = f'-{m["task"]}' if m['task'] else ''
-    gym_id = f'{m["env"]}-singletask{task}-{m["version"]}'
-    dataset_name = f'{m["env"]}-{m["type"]}-{m["version"]}'
+    gym_id = f'{visual}{m["env"]}-singletask{task}-{m["version"]}'
+    dataset_name = f'{visual}{m["env"]}-{m["type"]}-{m["version"]}'
     return gym_id, dataset_name
+
+
+def describe_error(e):
+    """`Type: message` of an exception, also for exceptions whose `str()` fails (PyOpenGL's EGL errors)."""
+    try:
+        text = str(e)
+    except Exception:
+        text = ''
+    text = ' '.join(text.split())[:300]
+    return f'{type(e).__name__}: {text}' if text else type(e).__name__
+
+
+def make_rendering_env(make, gym_id):
+    """`make()` for a pixel-based environment, with a failure of offscreen rendering reported as an `EnvError`."""
+    try:
+        return make()
+    except EnvError:
+        raise
+    except Exception as e:  # MuJoCo and PyOpenGL raise many kinds (FatalError, EGLError, ImportError, ...).
+        gl = os.environ.get('MUJOCO_GL', 'unset')
+        raise EnvError(
+            f'cannot render the pixel observations of {gym_id} (MUJOCO_GL={gl}; {describe_error(e)}); {RENDERING_HINT}'
+        ) from e
 
 
 def _import_ogbench():
@@ -68,9 +107,15 @@ def dataset_paths(env_name, dataset_dir=None):
 
 
 def make_ogbench_env(env_name, **env_kwargs):
-    """The gymnasium environment (single-task mode) of an OGBench name."""
-    ogbench = _import_ogbench()
-    return ogbench.make_env_and_datasets(env_name, env_only=True, **env_kwargs)
+    """The gymnasium environment (single-task mode) of an OGBench name, made as `ogbench.make_env_and_datasets` makes
+    it (`gymnasium.make` of the gym id)."""
+    import gymnasium
+
+    _import_ogbench()
+    gym_id, _ = split_name(env_name)
+    if is_visual(env_name):
+        return make_rendering_env(lambda: gymnasium.make(gym_id, **env_kwargs), gym_id)
+    return gymnasium.make(gym_id, **env_kwargs)
 
 
 def _to_dataset(data):
@@ -87,7 +132,8 @@ def load_relabelled(env_name, path, relabel_env, compact_dataset=False):
     """
     ogbench = _import_ogbench()
     gym_id, _ = split_name(env_name)
-    data = ogbench.utils.load_dataset(path, compact_dataset=compact_dataset, add_info=True)
+    ob_dtype = np.uint8 if is_visual(env_name) else np.float32  # As `ogbench.make_env_and_datasets` loads them.
+    data = ogbench.utils.load_dataset(path, ob_dtype=ob_dtype, compact_dataset=compact_dataset, add_info=True)
     ogbench.relabel_utils.relabel_dataset(gym_id, relabel_env, data)
     return _to_dataset(data)
 
@@ -111,6 +157,9 @@ class OGBenchShardCycler:
     The driver calls `next()` every `dataset_replace_interval` steps; shards cycle in sorted order. Each shard is
     relabelled like a regular OGBench file and its actions clipped like in `make_env_and_datasets`. A shard's
     validation set is its `-val.npz` sibling when there is one (`val_dataset()`, else None).
+
+    Seeds: the k-th shard loaded (counted from 0, whatever its index) gets the generator seed `seed + k`, so the
+    first one is seeded like the datasets of `make_env_and_datasets`.
     """
 
     def __init__(
@@ -148,20 +197,21 @@ class OGBenchShardCycler:
             self._current = self._load(self.current_path)
         return self._current
 
-    def next(self):
-        """Drops the current shard, loads the next one (cyclically) and returns it."""
+    def _change(self, index):
         self._current = None  # Release the old shard before the new one is read.
-        self.index = (self.index + 1) % len(self.paths)
-        return self.current()
-
-    def seek(self, index):
-        """Makes shard `index` the current one (a resumed run continues on the shard it was using)."""
-        self._current = None
         self.index = index % len(self.paths)
         return self.current()
 
+    def next(self):
+        """Drops the current shard, loads the next one (cyclically) and returns it."""
+        return self._change(self.index + 1)
+
+    def seek(self, index):
+        """Makes shard `index` the current one (a resumed run continues on the shard it was using)."""
+        return self._change(index)
+
     def val_dataset(self):
-        """Validation set of the current shard, or None when the shard has no `-val.npz` sibling."""
+        """Validation set of the current shard (clipped, not seeded), or None when it has no `-val.npz` sibling."""
         val_path = self.current_path.replace('.npz', '-val.npz')
         if not os.path.exists(val_path):
             return None
@@ -170,23 +220,16 @@ class OGBenchShardCycler:
         )
 
 
-def make_ogbench_env_and_datasets(env_name, dataset_dir=None, shard_dir=None, compact_dataset=False):
-    """(env, eval_env, train_dataset, val_dataset) of an OGBench single-task name, unwrapped and unclipped.
+def make_ogbench_env_and_datasets(env_name, dataset_dir=None, compact_dataset=False):
+    """(env, eval_env, train_dataset, val_dataset) of an OGBench single-task name, unwrapped, unclipped and unseeded.
 
-    With `shard_dir`, the datasets are the first shard and its validation sibling (None if absent).
+    Sharded datasets are served by `OGBenchShardCycler` (see `envs.env_utils.make_run_envs`).
     """
     ogbench = _import_ogbench()
     # Missing data is reported before the (slow) environments are built.
-    paths = shard_paths(shard_dir) if shard_dir is not None else dataset_paths(env_name, dataset_dir)
+    train_path, _ = dataset_paths(env_name, dataset_dir)
     env = make_ogbench_env(env_name)
     eval_env = make_ogbench_env(env_name)
-    if shard_dir is not None:
-        cycler = OGBenchShardCycler(
-            env_name, shard_dir, compact_dataset=compact_dataset, action_clip_eps=None, relabel_env=eval_env
-        )
-        return env, eval_env, cycler.current(), cycler.val_dataset()
-
-    train_path = paths[0]
     # Passing the file path keeps OGBench from trying to download; it finds the `-val.npz` sibling itself.
     train, val = ogbench.make_env_and_datasets(
         env_name,
@@ -197,3 +240,30 @@ def make_ogbench_env_and_datasets(env_name, dataset_dir=None, shard_dir=None, co
         add_info=False,
     )
     return env, eval_env, _to_dataset(train), _to_dataset(val)
+
+
+# The family interface (see `envs.env_utils`).
+
+
+def matches(env_name):
+    """Whether this family serves `env_name`."""
+    return is_ogbench_env(env_name)
+
+
+def reward_shift(env_name):
+    """OGBench rewards are used as they are online."""
+    return 0.0
+
+
+# Info keys the EpisodeMonitor drops: privileged simulator state must not reach the loggers.
+INFO_FILTERS = ('.*privileged.*', '.*proprio.*')
+
+
+def make_env(env_name, dataset_dir=None, seed=0):
+    """One environment of an OGBench name (the dataset is not needed)."""
+    return make_ogbench_env(env_name)
+
+
+def make_env_and_datasets(env_name, dataset_dir=None, seed=0, compact_dataset=False):
+    """(env, eval_env, train_dataset, val_dataset), unwrapped and unclipped; see `make_ogbench_env_and_datasets`."""
+    return make_ogbench_env_and_datasets(env_name, dataset_dir=dataset_dir, compact_dataset=compact_dataset)

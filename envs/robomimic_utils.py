@@ -3,7 +3,7 @@
 The PyPI `robomimic` package needs mujoco_py, so the environment is rebuilt here from the dataset's `env_args`
 (the JSON attribute of its `data` group) with robosuite 1.5, and observed through the low-dim keys RoboMimic uses.
 Rewards are RoboMimic's sparse success rewards shifted by `REWARD_SHIFT` (-1), offline here and online through the
-wrapper that `envs.env_utils.make_env_and_datasets` adds.
+wrapper that `envs.env_utils` adds.
 """
 
 import inspect
@@ -15,7 +15,7 @@ import gymnasium
 import numpy as np
 from gymnasium.spaces import Box
 
-from envs.env_utils import EnvError, dataset_from_arrays, require
+from envs.common import EnvError, dataset_from_arrays, require
 
 DEFAULT_DATASET_DIR = '~/.robomimic'
 DATASET_FILE = 'low_dim_v15.hdf5'
@@ -136,7 +136,7 @@ class RobomimicLowDimEnv(gymnasium.Env):
 
     @property
     def max_episode_steps(self):
-        """Online time limit (read by `envs.env_utils.get_max_episode_steps`)."""
+        """Online time limit (read by `envs.common.get_max_episode_steps`)."""
         return self.max_episode_length
 
     def reset(self, *, seed=None, options=None):
@@ -221,3 +221,26 @@ def make_robomimic_env_and_datasets(env_name, dataset_dir=None, seed=0):
     env = make_robomimic_env(env_name, path, seed=seed)
     eval_env = make_robomimic_env(env_name, path, seed=seed + 1000)
     return env, eval_env, load_robomimic_dataset(path), None
+
+
+def matches(env_name):
+    """Whether this family serves `env_name`."""
+    return is_robomimic_env(env_name)
+
+
+def reward_shift(env_name):
+    """Shift of online rewards, matching the shifted offline data."""
+    return REWARD_SHIFT
+
+
+INFO_FILTERS = ()
+
+
+def make_env(env_name, dataset_dir=None, seed=0):
+    """One environment of a RoboMimic name, built from the `env_args` of its dataset file."""
+    return make_robomimic_env(env_name, dataset_path(env_name, dataset_dir), seed=seed)
+
+
+def make_env_and_datasets(env_name, dataset_dir=None, seed=0):
+    """(env, eval_env, train_dataset, None); see `make_robomimic_env_and_datasets`."""
+    return make_robomimic_env_and_datasets(env_name, dataset_dir=dataset_dir, seed=seed)

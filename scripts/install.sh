@@ -6,3 +6,16 @@ cd "$(dirname "$0")/.."
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 python3 -m pip install -q -r requirements.txt
 python3 -m pip install -q --no-deps robosuite==1.5.2
+
+# OSMesa lets MuJoCo render the pixel observations of the `visual-*` OGBench tasks on CPU (MUJOCO_GL=osmesa).
+# Installed only when missing and only where apt-get can run as root; any failure leaves the install going.
+if ! python3 -c 'import ctypes.util, sys; sys.exit(ctypes.util.find_library("OSMesa") is None)'; then
+    if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo 'installing libosmesa6 (offscreen rendering for visual OGBench tasks)'
+        if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libosmesa6; } >/dev/null 2>&1; then
+            echo 'warning: could not install libosmesa6; visual OGBench tasks need MUJOCO_GL=egl or libosmesa6' >&2
+        fi
+    else
+        echo 'note: libosmesa6 is missing (apt-get install -y libosmesa6 as root) for visual OGBench tasks on CPU' >&2
+    fi
+fi

@@ -70,6 +70,28 @@ def test_create_rejects_missing_horizon_and_bad_aggregation(dataset):
 
 
 @pytest.mark.parametrize('chunking', [True, False])
+def test_create_from_one_example_without_batch_axis(agents, dataset, chunking):
+    config = tiny_config(action_chunking=chunking)
+    # One example (obs_dim,), (A,) as the reference driver passes it, instead of a batch of one.
+    agent = ACRLPDAgent.create(0, dataset['observations'][0], dataset['actions'][0], config)
+    reference = agents[chunking]
+    leaves = jax.tree_util.tree_leaves(agent.network.params)
+    reference_leaves = jax.tree_util.tree_leaves(reference.network.params)
+    assert len(leaves) == len(reference_leaves)
+    for a, b in zip(leaves, reference_leaves):
+        assert a.shape == b.shape
+        np.testing.assert_array_equal(a, b)
+    assert agent.config.to_dict() == reference.config.to_dict()
+    assert tuple(agent.config['ob_dims']) == (OBS_DIM,) and agent.config['action_dim'] == ACTION_DIM
+    width = H * ACTION_DIM if chunking else ACTION_DIM
+    key = jax.random.PRNGKey(1)
+    assert agent.sample_actions(dataset['observations'][0], rng=key).shape == (width,)
+    assert agent.sample_actions(dataset['observations'][:4], rng=key).shape == (4, width)
+    _, info = agent.update(sample_batch(dataset))
+    assert all(np.isfinite(float(v)) for v in info.values())
+
+
+@pytest.mark.parametrize('chunking', [True, False])
 def test_sample_actions_shapes(agents, dataset, chunking):
     agent = agents[chunking]
     width = H * ACTION_DIM if chunking else ACTION_DIM
@@ -214,4 +236,20 @@ def test_batch_update_equals_sequential_updates(agents, dataset):
         # XLA fuses the scan body differently from a standalone update, so float results can differ in the last ulp.
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     for k in infos[0]:
-        assert float(fused_info[k]) == pytest.approx(np.mean([float(i[k]) for i in infos]), rel=1e-4, abs=1e-5), k
+        assert float(fused_info[k]) == pytest.approx(float(infos[-1][k]), rel=1e-4, abs=1e-5), k
+
+
+def test_create_accepts_a_single_example_or_a_batch_of_one(dataset):
+    obs, act = np.zeros(OBS_DIM, np.float32), np.zeros(ACTION_DIM, np.float32)
+    single = ACRLPDAgent.create(0, obs, act, tiny_config())
+    batched = ACRLPDAgent.create(0, obs[None], act[None], tiny_config())
+    for a, b in zip(
+        jax.tree_util.tree_leaves(single.network.params), jax.tree_util.tree_leaves(batched.network.params)
+    ):
+        np.testing.assert_array_equal(a, b)
+    assert tuple(single.config['ob_dims']) == (OBS_DIM,)
+    key = jax.random.PRNGKey(1)
+    assert single.sample_actions(obs, rng=key).shape == (H * ACTION_DIM,)
+    assert single.sample_actions(np.stack([obs] * 4), rng=key).shape == (4, H * ACTION_DIM)
+    single, info = single.update(sample_batch(dataset))
+    assert np.isfinite(float(info['critic/critic_loss']))

@@ -36,26 +36,23 @@ def test_sample_sequence_matches_hand_rolled_chunks(horizon):
     # Starts are uniform over every index that leaves room for a full chunk, and nothing else.
     assert set(starts) == set(range(dataset.size - horizon + 1))
     assert batch['actions'].shape == (512, horizon, 2)
-    assert batch['full_observations'].shape == (512, horizon, 3)
     assert batch['next_observations'].shape == (512, horizon, 3)
-    for key in ('rewards', 'masks', 'terminals', 'valid'):
+    assert set(batch) == {'observations', 'actions', 'next_observations', 'rewards', 'masks', 'valid'}
+    for key in ('rewards', 'masks', 'valid'):
         assert batch[key].shape == (512, horizon) and batch[key].dtype == np.float32
 
     steps = starts[:, None] + np.arange(horizon)
-    np.testing.assert_array_equal(batch['full_observations'][..., 0], steps)
+    np.testing.assert_array_equal(batch['observations'][:, 0], steps[:, 0])
     np.testing.assert_array_equal(batch['next_observations'][..., 0], steps + 0.5)
     np.testing.assert_allclose(batch['actions'][..., 0], steps / 1000.0, rtol=1e-6)
-    next_steps = np.minimum(steps + 1, dataset.size - 1)
-    np.testing.assert_allclose(batch['next_actions'][..., 0], next_steps / 1000.0, rtol=1e-6)
     for b in range(0, 512, 7):
-        rewards, masks, terminals, valid = expected_chunk(fields, starts[b], horizon, GAMMA)
+        rewards, masks, _, valid = expected_chunk(fields, starts[b], horizon, GAMMA)
         np.testing.assert_allclose(batch['rewards'][b], rewards, rtol=1e-6)
         np.testing.assert_array_equal(batch['masks'][b], masks)
-        np.testing.assert_array_equal(batch['terminals'][b], terminals)
         np.testing.assert_array_equal(batch['valid'][b], valid)
 
 
-def test_valid_masks_and_terminals_at_an_episode_end():
+def test_valid_and_masks_at_an_episode_end():
     # A chunk starting two steps before the successful end of episode 1 (t = 11) runs into episode 2.
     fields = tagged_episodes(LENGTHS, success_episodes=(1,))
     dataset = Dataset.create(seed=0, **fields)
@@ -67,7 +64,6 @@ def test_valid_masks_and_terminals_at_an_episode_end():
             break
     row = rows[0]
     np.testing.assert_array_equal(batch['valid'][row], [1, 1, 0, 0])
-    np.testing.assert_array_equal(batch['terminals'][row], [0, 1, 1, 1])
     np.testing.assert_array_equal(batch['masks'][row], [1, 0, 0, 0])
     np.testing.assert_allclose(batch['rewards'][row], np.cumsum([11, 12, 13, 14]))
 
@@ -86,10 +82,8 @@ def test_image_sequences_use_height_width_horizon_channel_layout():
     batch = dataset.sample_sequence(16, 3, GAMMA)
     starts = batch['observations'][:, 0, 0, 0].astype(int)
     assert batch['observations'].shape == (16, 8, 6, 3) and batch['observations'].dtype == np.uint8
-    assert batch['full_observations'].shape == (16, 8, 6, 3, 3)
     assert batch['next_observations'].shape == (16, 8, 6, 3, 3)
     for i in range(3):
-        np.testing.assert_array_equal(batch['full_observations'][:, 2, 2, i, 0], starts + i)
         np.testing.assert_array_equal(batch['next_observations'][:, 2, 2, i, 0], starts + i + 1)
 
 
@@ -105,8 +99,18 @@ def test_frame_stack_clamps_at_episode_starts():
     np.testing.assert_array_equal(batch['next_observations'], expected_next)
 
     seq = dataset.sample_sequence(64, 2, GAMMA)
-    assert seq['full_observations'].shape == (64, 2, 3)
-    np.testing.assert_array_equal(seq['observations'], seq['full_observations'][:, 0])
+    assert seq['observations'].shape == (64, 3) and seq['next_observations'].shape == (64, 2, 3)
+    # The next observation of step 0 is the stack one step later; of step 1, one more step later.
+    t = seq['observations'][:, -1]
+    np.testing.assert_array_equal(seq['next_observations'][:, 0, :2], seq['observations'][:, 1:])
+    np.testing.assert_array_equal(seq['next_observations'][:, 0, -1], t + 0.5)
+    ok = seq['valid'][:, 1] == 1
+    np.testing.assert_array_equal(seq['next_observations'][ok, 1, -1], t[ok] + 1.5)
+
+    example = dataset.example()
+    np.testing.assert_array_equal(example['observations'], [0, 0, 0])
+    np.testing.assert_array_equal(example['next_observations'], [0, 0, 0.5])
+    assert example['actions'].shape == (2,)
 
 
 def test_augmentation_keeps_shapes_and_crops_consistently():
@@ -117,9 +121,10 @@ def test_augmentation_keeps_shapes_and_crops_consistently():
     dataset = Dataset.create(p_aug=1.0, seed=0, **{**dataset, 'observations': obs, 'next_observations': obs})
     batch = dataset.sample_sequence(32, 2, GAMMA)
     assert batch['observations'].shape == (32, 12, 12, 3) and batch['observations'].dtype == np.uint8
-    assert batch['full_observations'].shape == (32, 12, 12, 2, 3)
-    np.testing.assert_array_equal(batch['observations'], batch['full_observations'][..., 0, :])
-    np.testing.assert_array_equal(batch['next_observations'][..., 0, :], batch['full_observations'][..., 1, :])
+    assert batch['next_observations'].shape == (32, 12, 12, 2, 3)
+    # One crop per sample, shared by the observation and every next observation of its chunk.
+    np.testing.assert_array_equal(batch['next_observations'][..., 0, :], batch['observations'])
+    np.testing.assert_array_equal(batch['next_observations'][..., 1, :], batch['observations'])
     assert not np.all(batch['observations'] == ramp)
     single = dataset.sample(32)
     assert single['observations'].shape == (32, 12, 12, 3)
@@ -136,13 +141,41 @@ def test_dataset_is_frozen_and_copy_replaces_fields():
     np.testing.assert_allclose(dataset.get_subset(np.array([3, 4]))['actions'][:, 0], [0.003, 0.004], rtol=1e-6)
 
 
-def transition(t, terminal=False):
+def test_example_is_the_first_transition_shaped_like_one_sampled_row():
+    dataset = tagged_dataset(LENGTHS)
+    state = dataset.rng.bit_generator.state
+    example = dataset.example()
+    assert dataset.rng.bit_generator.state == state  # No random draw.
+    row = dataset.sample(1)
+    assert example.keys() == row.keys()
+    for key, value in example.items():
+        assert value.shape == row[key].shape[1:] and value.dtype == row[key].dtype, key
+        np.testing.assert_array_equal(value, dataset[key][0], err_msg=key)
+
+    # Frame-stacked images, with augmentation on: stacked like `sample`, never cropped, and no draw.
+    dataset = tagged_dataset(LENGTHS, image_shape=(8, 6, 3), frame_stack=3, p_aug=1.0)
+    state = dataset.rng.bit_generator.state
+    example = dataset.example()
+    assert dataset.rng.bit_generator.state == state
+    row = dataset.sample(1)
+    assert example.keys() == row.keys()
+    for key, value in example.items():
+        assert value.shape == row[key].shape[1:] and value.dtype == row[key].dtype, key
+    assert example['observations'].shape == (8, 6, 9)
+    # Step 0 starts its episode, so its stack repeats frame 0; the next stack ends with next_observations[0] = 1.
+    np.testing.assert_array_equal(example['observations'], np.zeros((8, 6, 9)))
+    np.testing.assert_array_equal(example['next_observations'], np.repeat([0, 0, 1], 3) * np.ones((8, 6, 1)))
+    seq = dataset.sample_sequence(8, 2, GAMMA)
+    assert seq['observations'].shape == (8, 8, 6, 9) and seq['next_observations'].shape == (8, 8, 6, 2, 9)
+
+
+def transition(t, terminal=False, mask=1.0):
     return dict(
         observations=np.full(3, t, np.float32),
         actions=np.full(2, t / 1000.0, np.float32),
         rewards=np.float32(t + 1),
         terminals=np.float32(terminal),
-        masks=np.float32(1.0),
+        masks=np.float32(mask),
         next_observations=np.full(3, t + 0.5, np.float32),
     )
 
@@ -163,7 +196,9 @@ def test_replay_buffer_before_and_after_wrap_around():
     batch = buffer.sample_sequence(2000, 3, GAMMA)
     starts = batch['observations'][:, 0].astype(int)
     assert set(starts) == set(range(5, 13))
-    steps = batch['full_observations'][..., 0]
+    steps = batch['next_observations'][..., 0] - 0.5
+    np.testing.assert_array_equal(steps[:, 0], starts)
+    np.testing.assert_allclose(batch['actions'][..., 0], steps / 1000.0, rtol=1e-6)
     # Chunks are contiguous in time, also across the end of the storage array (step 9 -> 10 wraps from the last
     # slot to slot 0), and never join the newest step (14) to the oldest (5).
     np.testing.assert_array_equal(np.diff(steps, axis=1), 1.0)
@@ -173,9 +208,44 @@ def test_replay_buffer_before_and_after_wrap_around():
         np.testing.assert_allclose(batch['rewards'][b], expected, rtol=1e-6)
     single = buffer.sample(500)
     assert set(single['observations'][:, 0].astype(int)) == set(range(5, 15))
+    # The example transition is the oldest stored one, at the write pointer.
+    assert buffer.example()['observations'][0] == 5.0
 
     buffer.clear()
     assert buffer.size == 0 and buffer.pointer == 0
+
+
+def test_masks_and_valid_are_exact_at_episode_ends_across_the_wrap_around():
+    # Steps 0..14 in a buffer of 10: it holds 5..14, step 9 in the last slot and step 10 in slot 0. Episodes end at
+    # step 8 (a success: mask 0), at step 10 (a time limit: mask 1, right after the wrap) and at step 14.
+    ends, successes = (8, 10, 14), (8,)
+    buffer = ReplayBuffer.create(transition(0), size=10, seed=0)
+    for t in range(15):
+        buffer.add_transition(transition(t, terminal=t in ends, mask=0.0 if t in successes else 1.0))
+    steps = np.arange(15)
+    fields = dict(
+        rewards=steps + 1.0,
+        masks=np.where(np.isin(steps, successes), 0.0, 1.0),
+        terminals=np.isin(steps, ends).astype(float),
+    )
+    batch = buffer.sample_sequence(1000, 4, GAMMA)
+    starts = batch['observations'][:, 0].astype(int)
+    assert set(starts) == set(range(5, 12))
+    np.testing.assert_array_equal(batch['next_observations'][..., 0], starts[:, None] + np.arange(4) + 0.5)
+    np.testing.assert_allclose(batch['actions'][..., 0], (starts[:, None] + np.arange(4)) / 1000.0, rtol=1e-6)
+    for start in range(5, 12):
+        rows = starts == start
+        rewards, masks, _, valid = expected_chunk(fields, start, 4, GAMMA)
+        np.testing.assert_allclose(batch['rewards'][rows], np.broadcast_to(rewards, (rows.sum(), 4)), rtol=1e-6)
+        np.testing.assert_array_equal(batch['masks'][rows], np.broadcast_to(masks, (rows.sum(), 4)))
+        np.testing.assert_array_equal(batch['valid'][rows], np.broadcast_to(valid, (rows.sum(), 4)))
+    # Spot values: the chunk 7..10 stops at the success (8); the chunk 9..12 crosses the wrap and the time limit.
+    row = np.nonzero(starts == 7)[0][0]
+    np.testing.assert_array_equal(batch['valid'][row], [1, 1, 0, 0])
+    np.testing.assert_array_equal(batch['masks'][row], [1, 0, 0, 0])
+    row = np.nonzero(starts == 9)[0][0]
+    np.testing.assert_array_equal(batch['valid'][row], [1, 1, 0, 0])
+    np.testing.assert_array_equal(batch['masks'][row], [1, 1, 1, 1])
 
 
 def test_frame_stack_in_a_full_buffer_never_reaches_past_the_oldest_step():

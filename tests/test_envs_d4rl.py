@@ -7,7 +7,8 @@ import pytest
 h5py = pytest.importorskip('h5py')
 
 from envs import d4rl_utils  # noqa: E402
-from envs.env_utils import EnvError, get_max_episode_steps, make_env_and_datasets  # noqa: E402
+from envs.common import EnvError, get_max_episode_steps  # noqa: E402
+from envs.env_utils import make_env_and_datasets  # noqa: E402
 
 
 def _arrays():

@@ -1,14 +1,22 @@
 """OGBench family on tiny generated play datasets (a few short episodes in a temporary folder)."""
 
+import ctypes.util
+import dataclasses
+import json
 import os
 import shutil
+import subprocess
+import sys
+import textwrap
+import time
 
 import numpy as np
 import pytest
 
 from envs import ogbench_utils
-from envs.env_utils import EnvError, make_env_and_datasets
-from envs.generate_ogbench import generate_dataset
+from envs.common import EnvError
+from envs.env_utils import RunEnvs, make_env_and_datasets, make_run_envs
+from envs.generate_ogbench import generate_dataset, parse_env_name
 
 EP_LEN = 40  # Steps per generated episode (OGBench: 1001); each episode gives EP_LEN - 1 transitions.
 ENV_NAME = 'cube-single-play-singletask-task2-v0'
@@ -150,5 +158,183 @@ def test_name_parsing():
         'cube-double-play-v0',
     )
     assert ogbench_utils.split_name('scene-play-singletask-v0') == ('scene-singletask-v0', 'scene-play-v0')
+    assert ogbench_utils.split_name('visual-cube-single-play-singletask-task1-v0') == (
+        'visual-cube-single-singletask-task1-v0',
+        'visual-cube-single-play-v0',
+    )
+    assert ogbench_utils.split_name('visual-puzzle-4x4-play-singletask-v0')[1] == 'visual-puzzle-4x4-play-v0'
+    assert ogbench_utils.is_visual('visual-scene-play-singletask-task2-v0')
+    assert not ogbench_utils.is_visual('cube-single-play-singletask-task1-v0')
+    assert not ogbench_utils.is_ogbench_env('visual-antmaze-large-navigate-singletask-v0')
+    assert parse_env_name('visual-cube-single-play-v0') == (
+        'cube-single',
+        'visual-cube-single-v0',
+        'visual-cube-single-play-v0',
+    )
+    assert parse_env_name('visual-scene-v0')[1:] == ('visual-scene-v0', 'visual-scene-play-v0')
     with pytest.raises(EnvError):
         generate_dataset('antmaze-large-v0', 'x.npz')
+
+
+def _rng_state(dataset):
+    return json.dumps(dataset.rng.bit_generator.state, sort_keys=True)
+
+
+def _same_dataset(a, b):
+    assert set(a.keys()) == set(b.keys()) and _rng_state(a) == _rng_state(b)
+    for k in a.keys():
+        np.testing.assert_array_equal(a[k], b[k])
+
+
+def test_run_envs_match_make_env_and_datasets(data_dir):
+    run = make_run_envs(ENV_NAME, dataset_dir=str(data_dir), seed=3, num_eval_envs=3)
+    env, eval_env, train, val = make_env_and_datasets(ENV_NAME, dataset_dir=str(data_dir), seed=3)
+    assert isinstance(run, RunEnvs) and run.shards is None and len(run.eval_envs) == 3
+    _same_dataset(run.train_dataset, train)
+    _same_dataset(run.val_dataset, val)
+    assert _rng_state(train) == json.dumps(np.random.default_rng(3).bit_generator.state, sort_keys=True)
+    # Same seeds, same states (two MuJoCo instances in one process may differ in the last bits of a step).
+    for a, b in ((run.env, env), (run.eval_envs[0], eval_env)):
+        np.testing.assert_allclose(a.step(np.zeros(5))[0], b.step(np.zeros(5))[0], rtol=1e-9, atol=1e-12)
+    assert all(e.observation_space == env.observation_space for e in run.eval_envs)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        run.shards = object()
+
+
+def test_run_envs_build_one_shard_cycler(data_dir, tmp_path):
+    for i in range(3):
+        shutil.copy(data_dir / 'cube-single-play-v0.npz', tmp_path / f'cube-single-play-v0-{i:03d}.npz')
+    shutil.copy(data_dir / 'cube-single-play-v0-val.npz', tmp_path / 'cube-single-play-v0-000-val.npz')
+    run = make_run_envs(ENV_NAME, ogbench_dataset_dir=str(tmp_path), seed=5, num_eval_envs=2)
+    assert isinstance(run.shards, ogbench_utils.OGBenchShardCycler) and run.shards.current() is run.train_dataset
+    assert run.shards.index == 0 and len(run.eval_envs) == 2 and run.val_dataset.size == EP_LEN - 1
+    _, _, train, val = make_env_and_datasets(ENV_NAME, ogbench_dataset_dir=str(tmp_path), seed=5)
+    _same_dataset(run.train_dataset, train)
+    _same_dataset(run.val_dataset, val)
+    assert np.abs(run.train_dataset['actions']).max() <= 1 - 1e-5
+    # The k-th shard loaded is seeded with `seed + k`.
+    seeds = [5, 6, 7, 8]
+    datasets = [run.train_dataset] + [run.shards.next() for _ in range(3)]
+    assert run.shards.index == 0
+    for seed, dataset in zip(seeds, datasets, strict=True):
+        assert _rng_state(dataset) == json.dumps(np.random.default_rng(seed).bit_generator.state, sort_keys=True)
+    assert _rng_state(run.shards.seek(2)) == json.dumps(np.random.default_rng(9).bit_generator.state, sort_keys=True)
+    assert run.shards.index == 2
+
+
+VISUAL_NAME = 'visual-cube-single-play-singletask-task1-v0'
+VISUAL_EP_LEN = 10
+# Runs with MUJOCO_GL=osmesa in a fresh interpreter: MuJoCo picks its OpenGL backend when it is first imported.
+VISUAL_CHILD = textwrap.dedent("""
+    import json, sys, time
+    import numpy as np
+    from envs.env_utils import make_env_and_datasets
+    from envs.generate_ogbench import generate_dataset
+
+    data_dir, name, ep_len = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    start = time.perf_counter()
+    generate_dataset('visual-cube-single-play-v0', f'{data_dir}/visual-cube-single-play-v0.npz', num_episodes=2,
+                     num_val_episodes=1, episode_length=ep_len, seed=0, show_progress=False)
+    generated = time.perf_counter() - start
+    env, eval_env, train, val = make_env_and_datasets(name, dataset_dir=data_dir, seed=0)
+    obs = [env.reset(seed=0)[0], eval_env.step(np.zeros(5))[0]]
+    inside = train['terminals'][:-1] == 0
+    following = np.array_equal(train['next_observations'][:-1][inside], train['observations'][1:][inside])
+    out = dict(
+        generated_s=generated,
+        train={k: [list(v.shape), str(v.dtype)] for k, v in train.items()},
+        val=[list(val['observations'].shape), str(val['observations'].dtype)],
+        rewards=train['rewards'].tolist(),
+        space=[list(env.observation_space.shape), str(env.observation_space.dtype)],
+        obs=[[list(o.shape), str(o.dtype)] for o in obs],
+        next_is_following=bool(following),
+    )
+    for e in (env, eval_env):
+        e.close()
+    print('RESULT ' + json.dumps(out))
+""")
+
+
+@pytest.mark.skipif(ctypes.util.find_library('OSMesa') is None, reason='needs libosmesa6 (OSMesa) to render offscreen')
+def test_visual_dataset_generates_and_loads_with_pixels(tmp_path):
+    data_dir, shard_dir, state_dir = tmp_path / 'data', tmp_path / 'shards', tmp_path / 'state'
+    # The state-based twin (fast, no rendering) with the same seed: the oracles plan from the simulator state, so the
+    # visual collection must follow the same trajectories.
+    generate_dataset(
+        'cube-single-play-v0',
+        str(state_dir / 'cube-single-play-v0.npz'),
+        num_episodes=2,
+        num_val_episodes=1,
+        episode_length=VISUAL_EP_LEN,
+        seed=0,
+        show_progress=False,
+    )
+    start = time.perf_counter()
+    res = subprocess.run(
+        [sys.executable, '-c', VISUAL_CHILD, str(data_dir), VISUAL_NAME, str(VISUAL_EP_LEN)],
+        capture_output=True,
+        text=True,
+        # Both set: robosuite, imported by other test modules, leaves MUJOCO_GL=egl and PYOPENGL_PLATFORM=egl behind.
+        env=dict(os.environ, MUJOCO_GL='osmesa', PYOPENGL_PLATFORM='osmesa'),
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+        timeout=300,
+    )
+    lines = [line for line in res.stdout.splitlines() if line.startswith('RESULT ')]
+    assert res.returncode == 0 and lines, res.stderr[-3000:]
+    out = json.loads(lines[-1][len('RESULT ') :])
+    print(f'visual: generated in {out["generated_s"]:.1f}s, child done in {time.perf_counter() - start:.1f}s')
+
+    n_train, n_val = 2 * VISUAL_EP_LEN, VISUAL_EP_LEN
+    with np.load(data_dir / 'visual-cube-single-play-v0.npz') as f, np.load(state_dir / 'cube-single-play-v0.npz') as g:
+        assert f['observations'].shape == (n_train, 64, 64, 3) and f['observations'].dtype == np.uint8
+        assert f['observations'].std() > 0  # Real frames, not a blank buffer.
+        assert set(f.keys()) == set(g.keys()) == {'observations', 'actions', 'terminals', 'qpos', 'qvel'}
+        for k in ('actions', 'terminals', 'qpos', 'qvel'):
+            np.testing.assert_array_equal(f[k], g[k])
+    with np.load(data_dir / 'visual-cube-single-play-v0-val.npz') as f:
+        assert f['observations'].shape == (n_val, 64, 64, 3) and f['observations'].dtype == np.uint8
+
+    n = 2 * (VISUAL_EP_LEN - 1)
+    assert out['train']['observations'] == out['train']['next_observations'] == [[n, 64, 64, 3], 'uint8']
+    assert out['train']['actions'] == [[n, 5], 'float32'] and out['train']['rewards'] == [[n], 'float32']
+    assert out['val'] == [[VISUAL_EP_LEN - 1, 64, 64, 3], 'uint8'] and out['next_is_following']
+    assert out['space'] == [[64, 64, 3], 'uint8'] and out['obs'] == [[[64, 64, 3], 'uint8']] * 2
+    # Relabelled from the simulator state, so the rewards are those of the state-based twin.
+    state_env, _, state_train, _ = make_env_and_datasets(
+        'cube-single-play-singletask-task1-v0', dataset_dir=str(state_dir)
+    )
+    np.testing.assert_array_equal(out['rewards'], state_train['rewards'])
+    # The shard loader keeps the frames' dtype too (relabelling reads only the simulator state, so a state-based
+    # environment of the same task can do it here, where nothing renders).
+    shard_dir.mkdir()
+    shutil.copy(data_dir / 'visual-cube-single-play-v0.npz', shard_dir / 'visual-cube-single-play-v0-000.npz')
+    cycler = ogbench_utils.OGBenchShardCycler(VISUAL_NAME, str(shard_dir), relabel_env=state_env.unwrapped)
+    shard = cycler.current()
+    assert shard['observations'].shape == (n, 64, 64, 3) and shard['observations'].dtype == np.uint8
+    np.testing.assert_array_equal(shard['rewards'], state_train['rewards'])
+
+
+def test_visual_rendering_failure_is_one_actionable_line():
+    """Without MUJOCO_GL (and no display), MuJoCo has no OpenGL context: a visual name ends in an `EnvError`."""
+    code = textwrap.dedent("""
+        from envs.common import EnvError
+        from envs.ogbench_utils import make_ogbench_env
+        try:
+            make_ogbench_env('visual-cube-single-play-singletask-task1-v0')
+            print('RESULT rendered')
+        except EnvError as e:
+            print('RESULT ' + str(e))
+    """)
+    res = subprocess.run(
+        [sys.executable, '-c', code],
+        capture_output=True,
+        text=True,
+        env={k: v for k, v in os.environ.items() if k not in ('MUJOCO_GL', 'PYOPENGL_PLATFORM', 'DISPLAY')},
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+        timeout=300,
+    )
+    lines = [line for line in res.stdout.splitlines() if line.startswith('RESULT ')]
+    assert lines, res.stderr[-3000:]
+    if lines[-1] == 'RESULT rendered':
+        pytest.skip('MuJoCo found an OpenGL context without MUJOCO_GL here')
+    assert 'cannot render' in lines[-1] and 'MUJOCO_GL=osmesa' in lines[-1], lines[-1]

@@ -9,7 +9,8 @@ pytest.importorskip('robosuite')
 h5py = pytest.importorskip('h5py')
 
 from envs import robomimic_utils  # noqa: E402
-from envs.env_utils import EnvError, get_max_episode_steps, make_env_and_datasets  # noqa: E402
+from envs.common import EnvError, get_max_episode_steps  # noqa: E402
+from envs.env_utils import make_env_and_datasets  # noqa: E402
 from envs.generate_robomimic import generate_dataset, scripted_lift_action  # noqa: E402
 
 ENV_NAME = 'lift-mh-low_dim'

@@ -185,17 +185,12 @@ def test_video_episodes_rendered_but_not_counted():
         assert frames[:, 0, 0, 0].tolist() == [0, 3, 6, 7]
 
 
-def test_old_gym_step_api_and_jax_chunks():
-    class OldApiEnv(CounterEnv):
-        def step(self, action):
-            obs, reward, terminated, truncated, info = super().step(action)
-            return obs, reward, terminated or truncated, info
-
+def test_jax_chunks_are_executed_as_numpy_actions():
     class JaxAgent(FakeAgent):
         def sample_actions(self, observations, rng=None):
             return jax.numpy.asarray(super().sample_actions(observations, rng))
 
-    env = OldApiEnv(episode_length=5)
+    env = CounterEnv(episode_length=5)
     stats, _, _ = evaluate(JaxAgent(2), env, ACTION_DIM, num_eval_episodes=1, seed=1)
     assert stats['length'] == 5.0
     assert all(isinstance(a, np.ndarray) for a in env.actions[0])

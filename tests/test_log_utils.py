@@ -15,6 +15,7 @@ from absl import flags
 from ml_collections import ConfigDict, config_flags
 
 import log_utils
+from utils import plotting
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -339,7 +340,7 @@ def test_plot_two_seeds_averaged_into_one_curve(tmp_path):
     other = tmp_path / 'exp' / 'bfn' / 'cube-double' / 'sd0'
     write_eval_csv(other, [(0, 0.1, 0.0), (100, 0.1, 0.0)])
 
-    curves = log_utils.aggregate_curves(log_utils.find_run_dirs([str(tmp_path / 'exp')]), 'success')
+    curves = plotting.aggregate_curves(plotting.find_run_dirs([str(tmp_path / 'exp')]), 'success')
     by_label = {c['label']: c for c in curves}
     assert set(by_label) == {'qc/cube-double', 'bfn/cube-double'}
     qc = by_label['qc/cube-double']
@@ -350,7 +351,7 @@ def test_plot_two_seeds_averaged_into_one_curve(tmp_path):
     np.testing.assert_allclose(qc['max'], [0.2, 0.7, 1.0])
 
     out = tmp_path / 'plots' / 'curves.png'
-    assert log_utils.plot_runs([str(group / 'sd0'), str(group / 'sd1')], str(out)) == str(out)
+    assert plotting.plot_runs([str(group / 'sd0'), str(group / 'sd1')], str(out)) == str(out)
     with open(out, 'rb') as f:
         assert f.read(8) == b'\x89PNG\r\n\x1a\n'
 
@@ -359,12 +360,23 @@ def test_plot_cli_single_run_and_missing_dir(tmp_path, capsys):
     run = tmp_path / 'g' / 'run0'
     write_eval_csv(run, [(0, 0.0, 1.0), (50, 1.0, 2.0)])
     out = tmp_path / 'single.png'
-    assert log_utils.main(['plot', str(run), '--out', str(out), '--band', 'minmax', '--metrics', 'success']) == 0
+    assert plotting.main(['plot', str(run), '--out', str(out), '--band', 'minmax', '--metrics', 'success']) == 0
     assert out.stat().st_size > 0
-    assert log_utils.main(['plot', str(tmp_path / 'nothing'), '--out', str(tmp_path / 'x.png')]) == 1
+    assert plotting.main(['plot', str(tmp_path / 'nothing'), '--out', str(tmp_path / 'x.png')]) == 1
     err = capsys.readouterr().err.strip()
     assert err.startswith('error: no eval.csv') and '\n' not in err
     assert not (tmp_path / 'x.png').exists()
+
+
+def test_log_utils_module_runs_the_plot_cli(tmp_path):
+    # The README's command: `python -m log_utils plot ...` must keep working after plotting moved to utils/.
+    run = tmp_path / 'g' / 'run0'
+    write_eval_csv(run, [(0, 0.0, 1.0), (50, 1.0, 2.0)])
+    out = tmp_path / 'cli.png'
+    cmd = [sys.executable, '-m', 'log_utils', 'plot', str(run), '--out', str(out)]
+    result = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == str(out) and out.stat().st_size > 0
 
 
 def test_plot_groups_by_flags_ignoring_seed_and_paths(tmp_path):
@@ -375,13 +387,13 @@ def test_plot_groups_by_flags_ignoring_seed_and_paths(tmp_path):
         write_eval_csv(run_dir, [(0, float(i), 0.0)])
         flag_dict = {'seed': seed, 'save_dir': str(run_dir), 'run_group': 'qc', 'env_name': env_name}
         log_utils.save_flags(str(run_dir), dict(flag_dict, agent={'horizon': horizon}))
-    run_dirs = log_utils.find_run_dirs([str(tmp_path)])
+    run_dirs = plotting.find_run_dirs([str(tmp_path)])
     assert len(run_dirs) == 4
 
-    curves = {c['label']: c for c in log_utils.aggregate_curves(run_dirs, 'success')}
+    curves = {c['label']: c for c in plotting.aggregate_curves(run_dirs, 'success')}
     assert sorted(curves) == ['qc/cube [agent.horizon=1]', 'qc/cube [agent.horizon=5]', 'qc/puzzle [agent.horizon=5]']
     assert curves['qc/cube [agent.horizon=5]']['num_runs'] == 2
     np.testing.assert_allclose(curves['qc/cube [agent.horizon=5]']['mean'], [0.5])
 
-    by_parent = log_utils.aggregate_curves(run_dirs, 'success', group_by='parent')
+    by_parent = plotting.aggregate_curves(run_dirs, 'success', group_by='parent')
     assert [c['num_runs'] for c in by_parent] == [4]

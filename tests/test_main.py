@@ -1,15 +1,18 @@
 """Subprocess smoke runs of `main.py` on a tiny locally generated cube-single dataset."""
 
+import ctypes.util
 import glob
 import json
 import os
 import pickle
+import subprocess
+import sys
 
 import jax
 import ml_collections
 import numpy as np
 import pytest
-from helpers import generate_cube_single, only_run_dir, read_csv, run_driver
+from helpers import ROOT, generate_cube_single, only_run_dir, read_csv, run_driver, subprocess_env
 
 from agents import agents
 from utils.flax_utils import restore_agent_with_file
@@ -144,3 +147,28 @@ def test_fused_offline_phase_logs_the_same_rows_as_one_update_per_step(data_dir,
     for a, b in zip(rows[1], rows[5]):
         for key in ('critic/critic_loss', 'actor/actor_loss', 'grad/norm'):
             np.testing.assert_allclose(float(a[key]), float(b[key]), rtol=1e-4, err_msg=key)
+
+
+@pytest.mark.skipif(ctypes.util.find_library('OSMesa') is None, reason='needs libosmesa6 (OSMesa) to render offscreen')
+def test_pixel_run_with_frame_stack_and_augmentation(tmp_path):
+    """A visual OGBench run end to end: uint8 frames, impala encoder, stacked frames, random crops, both phases."""
+    env = dict(subprocess_env(), MUJOCO_GL='osmesa', PYOPENGL_PLATFORM='osmesa')
+    data_dir = tmp_path / 'data'
+    generate = [
+        sys.executable, '-m', 'envs.generate_ogbench', '--env_name=visual-cube-single-play-v0',
+        f'--save_dir={data_dir}', '--num_episodes=2', '--num_val_episodes=1', '--episode_length=20',
+    ]  # fmt: skip
+    subprocess.run(generate, cwd=ROOT, env=env, check=True, capture_output=True)
+    args = [
+        'main.py', '--env_name=visual-cube-single-play-singletask-task1-v0', f'--dataset_dir={data_dir}',
+        f'--save_dir={tmp_path}', '--agent.encoder=impala_debug', *TINY[:2], '--agent.batch_size=4',
+        '--agent.flow_steps=2', '--agent.actor_num_samples=2', '--offline_steps=4', '--online_steps=4',
+        '--start_training=2', '--horizon_length=2', '--frame_stack=2', '--p_aug=0.5', '--eval_episodes=0',
+        '--log_interval=2', '--eval_interval=0', '--buffer_size=100',
+    ]  # fmt: skip
+    proc = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_dir = next(d for d in glob.glob(os.path.join(str(tmp_path), 'Debug', '*')))
+    assert [int(r['step']) for r in read_csv(os.path.join(run_dir, 'offline_agent.csv'))] == [2, 4]
+    assert [int(r['step']) for r in read_csv(os.path.join(run_dir, 'online_agent.csv'))] == [6, 8]
+    assert 'start-up: ' in proc.stdout

@@ -1,13 +1,28 @@
-"""Shared driver pieces: fused offline blocks, block boundaries, dataset processing, the online actor."""
+"""The run layer in-process: fused blocks, block boundaries, dataset processing, the chunk sampler, the online actor,
+the run config from flags, and a whole (tiny) run of the trainer."""
+
+import dataclasses
+import os
+import sys
+from unittest import mock
 
 import gymnasium
 import jax
 import numpy as np
 import pytest
-from helpers import random_dataset, tagged_dataset, tiny_acfql_config
+from absl import flags
+from helpers import generate_cube_single, random_dataset, read_csv, tagged_dataset, tiny_acfql_config
 
+import main
+import main_online
+from agents import agents
 from agents.acfql import ACFQLAgent
-from utils.training import OnlineActor, block_end, fused_updates, mean_metrics, process_dataset, stack_batches
+from training import Trainer, define_flags, from_flags
+from training.actor import OnlineActor, episode_row
+from training.data import TRANSITION_KEYS, ChunkSampler, process_dataset
+from training.schedule import block_end
+from utils.datasets import ReplayBuffer
+from utils.errors import UsageError
 
 
 def test_fused_blocks_equal_one_update_per_step():
@@ -22,7 +37,7 @@ def test_fused_blocks_equal_one_update_per_step():
     fused = agent
     for block in (4, 2):  # Blocks of different lengths, sampled in the same order from the same generator.
         batches = [dataset_b.sample_sequence(16, 3, 0.99) for _ in range(block)]
-        fused, fused_info = fused_updates(fused, stack_batches(batches))
+        fused, fused_info = fused.batch_update({k: np.stack([b[k] for b in batches]) for k in batches[0]})
 
     leaves = zip(jax.tree_util.tree_leaves(per_step.network), jax.tree_util.tree_leaves(fused.network))
     for a, b in leaves:
@@ -102,5 +117,103 @@ def test_online_actor_samples_a_chunk_only_when_the_queue_is_empty_and_clears_it
 
 
 def test_env_metrics_are_averaged_over_the_episodes_of_a_log_interval():
-    rows = [{'episode.return': 1.0, 'episode.success': 0.0}, {'episode.return': 3.0, 'episode.success': 1.0}]
-    assert mean_metrics(rows) == {'episode.return': 2.0, 'episode.success': 0.5, 'episodes': 2}
+    rows = [{'return': 1.0, 'success': 0.0}, {'return': 3.0, 'success': 1.0}]
+    assert episode_row(rows) == {'episode.return': 2.0, 'episode.success': 0.5, 'episodes': 2}
+
+
+def test_chunk_sampler_mixes_sources_in_order_and_stacks_updates():
+    data = tagged_dataset((30, 30), seed=1)
+    replay = ReplayBuffer.create({k: data[k][0] for k in TRANSITION_KEYS}, size=50, seed=2)
+    for t in range(20):
+        replay.add_transition(
+            {k: np.asarray(data[k][t]) + (1000 if 'observations' in k else 0) for k in TRANSITION_KEYS}
+        )
+    sampler = ChunkSampler([('data', data, 3), ('replay', replay, 5), ('unused', data, 0)], 4, 0.9)
+    assert sampler.batch_size == 8 and [name for name, _, _ in sampler.sources] == ['data', 'replay']
+    batch = sampler.sample(num_updates=2)
+    assert batch['observations'].shape == (2, 8, 3) and batch['actions'].shape == (2, 8, 4, 2)
+    assert batch['next_observations'].shape == (2, 8, 4, 3)
+    # The first 3 chunks of every update come from the data, the other 5 from the replay buffer.
+    assert (batch['observations'][:, :3] < 1000).all() and (batch['observations'][:, 3:] >= 1000).all()
+    # Every chunk is contiguous: observation t is followed by the next observations of t, t+1, ...
+    starts = batch['observations'][..., 0] % 1000  # (U, B)
+    steps = batch['next_observations'][..., 0] % 1000 - 0.5  # (U, B, H)
+    valid = batch['valid'].astype(bool)
+    np.testing.assert_array_equal(np.where(valid, steps, 0), np.where(valid, starts[..., None] + np.arange(4), 0))
+
+    # One update at a time draws the same chunks as a loop of single draws from an identically seeded source.
+    twin = tagged_dataset((30, 30), seed=1)
+    block = ChunkSampler([('data', data, 3)], 4, 0.9)
+    twin.rng.bit_generator.state = data.rng.bit_generator.state
+    drawn = block.sample_block(3)
+    for u in range(3):
+        np.testing.assert_array_equal(drawn['observations'][u], twin.sample_sequence(3, 4, 0.9)['observations'])
+    block.set_source('data', twin)
+    assert block.sources[0][1] is twin
+
+
+def _parse(preset, argv):
+    flag_values = flags.FlagValues()
+    argv = ['prog', *argv]
+    # ml_collections' config flag reads its `--agent.*` overrides from sys.argv (when it is defined and parsed), as
+    # it does in the drivers.
+    with mock.patch.object(sys, 'argv', argv):
+        define_flags(preset, flag_values)
+        flag_values(argv)
+    return from_flags(flag_values, argv, preset)
+
+
+@pytest.mark.parametrize('given', ['--horizon_length=7', '--agent.horizon_length=7'])
+def test_agent_horizon_flag_alone_behaves_like_the_driver_flag(given):
+    for preset in (main.PRESET, main_online.PRESET):
+        run = _parse(preset, [given, '--start_training=7'])
+        assert run.horizon_length == 7 == run.agent['horizon_length']
+        assert run.flag_record['agent']['horizon_length'] == 7
+    with pytest.raises(UsageError, match=r'--start_training \(6\) must be >= the horizon length \(7\)'):
+        _parse(main_online.PRESET, [given, '--start_training=6'])
+    with pytest.raises(UsageError, match='disagree'):
+        _parse(main.PRESET, ['--horizon_length=5', '--agent.horizon_length=7'])
+
+
+def test_run_config_is_frozen_and_validated():
+    run = _parse(main.PRESET, [])
+    assert run.offline_steps == 1000000 and run.random_steps == 0
+    online = _parse(main_online.PRESET, [])
+    assert online.offline_steps == 0 and online.random_steps == online.start_training - 1
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        run.seed = 3
+    for change, message in [
+        (dict(utd_ratio=0), '--utd_ratio must be >= 1'),
+        (dict(dataset_proportion=0.0), '--dataset_proportion must be in'),
+        (dict(resume=True), '--resume needs --exp_name'),
+        (dict(frame_stack=0), '--frame_stack must be >= 1'),
+        (dict(p_aug=1.5), '--p_aug must be in'),
+    ]:
+        with pytest.raises(UsageError, match=message):
+            run.replace(**change)
+
+
+@pytest.fixture(scope='module')
+def cube_dir(tmp_path_factory):
+    return generate_cube_single(tmp_path_factory.mktemp('ogbench'), num_episodes=2, episode_length=41)
+
+
+def test_trainer_runs_in_process(cube_dir, tmp_path):
+    argv = [
+        '--env_name=cube-single-play-singletask-task2-v0', f'--dataset_dir={cube_dir}', f'--save_dir={tmp_path}',
+        '--agent.actor_hidden_dims=(16,16)', '--agent.value_hidden_dims=(16,16)', '--agent.batch_size=8',
+        '--agent.flow_steps=2', '--agent.actor_num_samples=2', '--eval_episodes=1', '--eval_envs=1',
+        '--offline_steps=6', '--online_steps=4', '--start_training=2', '--log_interval=3', '--eval_interval=0',
+        '--horizon_length=2', '--buffer_size=100', '--exp_name=inproc',
+    ]  # fmt: skip
+    trainer = Trainer(_parse(main.PRESET, argv), agents)
+    trainer.train()
+    run_dir = os.path.join(str(tmp_path), 'Debug', 'inproc')
+    assert [r['step'] for r in read_csv(os.path.join(run_dir, 'offline_agent.csv'))] == ['3', '6']
+    assert [r['step'] for r in read_csv(os.path.join(run_dir, 'online_agent.csv'))] == ['9']
+    assert [r['step'] for r in read_csv(os.path.join(run_dir, 'eval.csv'))] == ['6', '10']
+    # The replay buffer the trainer owns started as the data and holds the 4 online transitions after it.
+    assert trainer.replay.size == trainer.dataset.size + 4 and trainer.replay.max_size == 100
+    assert int(trainer.agent.network.step) == 1 + 6 + 3
+    assert set(trainer.startup) >= {'envs and data', 'agent', 'first update'}
+    assert trainer.startup_line().startswith('start-up: ')

@@ -209,77 +209,84 @@ class Dataset(Mapping):
             phys = self._physical(logical)
             return obs[phys], self._next_observations(phys)
         frames = [self._physical(f) for f in self._frame_indices(logical)]
-        stacked = np.concatenate([obs[f] for f in frames], axis=-1)
-        next_stacked = np.concatenate([obs[f] for f in frames[1:]] + [self._next_observations(frames[-1])], axis=-1)
-        return stacked, next_stacked
+        return np.concatenate([obs[f] for f in frames], axis=-1), self._stacked_next(frames)
+
+    def _stacked_next(self, frames):
+        """Frame-stacked next observations from the physical indices of the frames, oldest first."""
+        obs = self._dict['observations']
+        return np.concatenate([obs[f] for f in frames[1:]] + [self._next_observations(frames[-1])], axis=-1)
 
     def _augment(self, batch, keys):
         if self.p_aug is not None and self.rng.random() < self.p_aug:
             cropped = random_crop([batch[k] for k in keys], self.rng)
             batch.update(zip(keys, cropped))
 
-    def sample(self, batch_size, idxs=None):
-        """Samples single transitions, uniformly over stored ones unless physical `idxs` are given."""
-        if idxs is None:
-            logical = self.rng.integers(0, self.size, size=batch_size)
-            idxs = self._physical(logical)
-        else:
-            idxs = np.asarray(idxs)
-            logical = self._logical(idxs)
-        batch = self.get_subset(idxs)
+    def sample(self, batch_size):
+        """Samples `batch_size` single transitions, uniformly over the stored ones."""
+        logical = self.rng.integers(0, self.size, size=batch_size)
+        batch = self.get_subset(self._physical(logical))
         if self.frame_stack is not None:
             batch['observations'], batch['next_observations'] = self._stacked_observations(logical)
         if batch['observations'].ndim >= 4:
             self._augment(batch, ['observations', 'next_observations'])
         return batch
 
-    def _logical(self, physical):
-        return physical
+    def example(self):
+        """The oldest stored transition without a batch axis, shaped like one row of `sample` (frame-stacked when
+        `frame_stack` is set; no augmentation, no random draw), e.g. for `Agent.create(seed, ex['observations'],
+        ex['actions'], config)`."""
+        logical = np.zeros(1, dtype=np.int64)
+        batch = self.get_subset(self._physical(logical))
+        if self.frame_stack is not None:
+            batch['observations'], batch['next_observations'] = self._stacked_observations(logical)
+        return {k: v[0] for k, v in batch.items()}
 
     def sample_sequence(self, batch_size, sequence_length, discount):
         """Samples chunks of `sequence_length` consecutive transitions (start uniform over valid starts).
 
-        Returns a dict (H = sequence_length):
-            observations (B, ...): observation at the chunk start.
-            full_observations (B, H, obs) for states, (B, h, w, H, c) for images: observation at every step.
-            actions (B, H, A), next_actions (B, H, A): action at every step and at the step after it (the step's
-                own action after the newest transition; meaningless once an episode has ended).
-            next_observations: like full_observations, one step later.
+        Returns a dict (H = sequence_length), the fields the agents' losses read:
+            observations (B, ...): observation at the chunk start (frame-stacked when `frame_stack` is set).
+            actions (B, H, A): action at every step.
+            next_observations (B, H, obs) for states, (B, h, w, H, c) for images: observation after every step
+                (frame-stacked like `observations`: obs and c grow by the factor `frame_stack`).
             rewards (B, H): discounted partial returns, rewards[:, i] = sum_{j<=i} discount^j r_j.
             masks (B, H): running minimum of the per-step masks (0 once the episode terminated).
-            terminals (B, H): running maximum of the per-step terminals (1 once the episode ended).
-            valid (B, H): 1 at step 0 and 1 - terminals[:, i-1] after, so steps past an episode end are invalid.
+            valid (B, H): 1 at step 0 and 1 - (episode ended at a step before i) after, so steps past an episode
+                end are invalid.
         """
         if self.size < sequence_length:
             raise ValueError(f'Cannot sample chunks of {sequence_length} steps from {self.size} transitions.')
         starts = self.rng.integers(0, self.size - sequence_length + 1, size=batch_size)
         logical = starts[:, None] + np.arange(sequence_length)  # (B, H)
         phys = self._physical(logical)
-        next_phys = self._physical(np.minimum(logical + 1, self.size - 1))
 
         step_rewards = self._dict['rewards'][phys].astype(np.float64)  # (B, H)
         rewards = np.cumsum(step_rewards * discount ** np.arange(sequence_length), axis=1)
         masks = np.minimum.accumulate(self._dict['masks'][phys].astype(np.float32), axis=1)
-        terminals = np.maximum.accumulate(self._dict['terminals'][phys].astype(np.float32), axis=1)
-        valid = np.concatenate([np.ones((batch_size, 1), np.float32), 1.0 - terminals[:, :-1]], axis=1)
+        ended = np.maximum.accumulate(self._dict['terminals'][phys].astype(np.float32), axis=1)  # (B, H)
+        valid = np.concatenate([np.ones((batch_size, 1), np.float32), 1.0 - ended[:, :-1]], axis=1)
 
-        full_observations, next_observations = self._stacked_observations(logical)  # (B, H, ...)
+        obs = self._dict['observations']
+        if self.frame_stack is None:
+            observations = obs[phys[:, 0]]
+            next_observations = self._next_observations(phys)  # (B, H, ...)
+        else:
+            # Only the chunk start's stack is needed, but every step's next stack.
+            frames = [self._physical(f) for f in self._frame_indices(logical)]  # frame_stack x (B, H)
+            observations = np.concatenate([obs[f[:, 0]] for f in frames], axis=-1)
+            next_observations = self._stacked_next(frames)  # (B, H, ...)
         batch = dict(
-            observations=full_observations[:, 0],
-            full_observations=full_observations,
+            observations=observations,
             actions=self._dict['actions'][phys],  # (B, H, A)
-            next_actions=self._dict['actions'][next_phys],  # (B, H, A)
             next_observations=next_observations,
             rewards=rewards.astype(np.float32),
             masks=masks,
-            terminals=terminals,
             valid=valid,
         )
-        if full_observations.ndim >= 5:
+        if next_observations.ndim >= 5:
             # Images: (B, H, h, w, c) -> (B, h, w, H, c), the layout the encoders expect per step.
-            batch['full_observations'] = np.moveaxis(full_observations, 1, -2)
             batch['next_observations'] = np.moveaxis(next_observations, 1, -2)
-            self._augment(batch, ['observations', 'full_observations', 'next_observations'])
+            self._augment(batch, ['observations', 'next_observations'])
         return batch
 
 
@@ -317,11 +324,6 @@ class ReplayBuffer(Dataset):
         if self.size < self.max_size:
             return logical
         return (logical + self.pointer) % self.max_size
-
-    def _logical(self, physical):
-        if self.size < self.max_size:
-            return physical
-        return (physical - self.pointer) % self.max_size
 
     def add_transition(self, transition):
         """Writes one transition at the pointer, overwriting the oldest one when full."""

@@ -115,9 +115,13 @@ def target_update(network, module_name, tau, source_params):
 
 
 def scan_updates(update_fn, agent, batches):
-    """Applies `update_fn(agent, batch) -> (agent, info)` over the leading axis of `batches`; infos are averaged."""
+    """Applies `update_fn(agent, batch) -> (agent, info)` over the leading axis of `batches` in one `lax.scan`.
+
+    Returns the last update's info, so a fused block logs what the last of its updates would log on its own, offline
+    and online alike (the reference averages over the U updates of an online step; see docs/DEVIATIONS.md).
+    """
     agent, infos = jax.lax.scan(update_fn, agent, batches)
-    return agent, jax.tree_util.tree_map(lambda x: x.mean(axis=0), infos)
+    return agent, jax.tree_util.tree_map(lambda x: x[-1], infos)
 
 
 def save_agent(agent, save_dir, step):

@@ -110,3 +110,28 @@ class ActorVectorField(nn.Module):
         if times is not None:
             inputs.append(self.ff(times) if self.use_fourier_features else times)
         return self.mlp(jnp.concatenate(inputs, axis=-1))
+
+
+def aggregate_q(qs, q_agg):
+    """Aggregates a critic ensemble's outputs (num_qs, ...) by 'mean' or 'min' over the ensemble axis."""
+    return qs.min(axis=0) if q_agg == 'min' else qs.mean(axis=0)
+
+
+def batched_examples(ex_observations, ex_actions):
+    """Example observations and actions for `create`, with exactly one leading batch axis.
+
+    Accepts one example (observation `obs_shape`, action `(A,)`) or a batch (`(B, *obs_shape)`, `(B, A)`). The
+    action is always a flat vector, so its rank tells whether the examples carry a batch axis.
+    """
+    ex_observations = jnp.asarray(ex_observations)
+    ex_actions = jnp.asarray(ex_actions)
+    batch_rank = ex_actions.ndim - 1
+    if batch_rank not in (0, 1):
+        raise ValueError(f'ex_actions must be (action_dim,) or (batch, action_dim), got shape {ex_actions.shape}')
+    if batch_rank == 0:
+        return ex_observations[None], ex_actions[None]
+    if ex_observations.ndim < 1 or ex_observations.shape[0] != ex_actions.shape[0]:
+        raise ValueError(
+            f'ex_observations {ex_observations.shape} and ex_actions {ex_actions.shape} need the same batch size'
+        )
+    return ex_observations, ex_actions

@@ -1,0 +1,152 @@
+"""Helpers every environment family shares: the user-facing error, optional imports, wrappers and dataset glue.
+
+Family modules (`ogbench_utils`, `robomimic_utils`, `d4rl_utils`, `minari_utils`) import only this module (and
+`utils/`); `envs.env_utils` is the registry that finds the family of a name.
+"""
+
+import collections
+import importlib
+import re
+import time
+
+import gymnasium
+import numpy as np
+from gymnasium.spaces import Box
+
+from utils.datasets import Dataset
+from utils.errors import UserError
+
+# Install command of Gymnasium-Robotics, which the D4RL and Minari families build their environments with.
+GYMNASIUM_ROBOTICS_INSTALL = 'pip install gymnasium-robotics==1.4.2 pettingzoo==1.27.0'
+
+
+class EnvError(UserError):
+    """A problem the user can fix (unknown name, missing data, missing package); its message is one actionable line."""
+
+
+def require(module_name, install_hint):
+    """Imports an optional dependency, or raises `EnvError` naming the command that installs it."""
+    try:
+        return importlib.import_module(module_name)
+    except ImportError as e:
+        msg = f'{module_name} is needed for this environment but cannot be imported ({e}); run: {install_hint}'
+        raise EnvError(msg) from e
+
+
+class EpisodeMonitor(gymnasium.Wrapper):
+    """Puts episode statistics in `info['episode']` at the last step: return, length, success, duration.
+
+    `success` is the `info['success']` of the last step (0 when the environment does not report one). Info keys that
+    match one of `filter_regexes` are dropped, so that loggers do not receive privileged simulator state.
+    """
+
+    def __init__(self, env, filter_regexes=None):
+        super().__init__(env)
+        self.filter_regexes = [re.compile(r) for r in (filter_regexes or [])]
+        self.total_timesteps = 0
+        self._reset_stats()
+
+    def _reset_stats(self):
+        self.reward_sum = 0.0
+        self.episode_length = 0
+        self.start_time = time.time()
+
+    def step(self, action):
+        ob, reward, terminated, truncated, info = self.env.step(action)
+        if self.filter_regexes:
+            info = {k: v for k, v in info.items() if not any(r.match(k) for r in self.filter_regexes)}
+        self.reward_sum += float(reward)
+        self.episode_length += 1
+        self.total_timesteps += 1
+        info['total'] = {'timesteps': self.total_timesteps}
+        if terminated or truncated:
+            info['episode'] = {
+                'final_reward': float(reward),
+                'return': self.reward_sum,
+                'length': self.episode_length,
+                'success': float(info.get('success', 0.0)),
+                'duration': time.time() - self.start_time,
+            }
+            score_fn = getattr(self.unwrapped, 'get_normalized_score', None)
+            if score_fn is not None:
+                info['episode']['normalized_return'] = 100.0 * score_fn(self.reward_sum)
+        return ob, reward, terminated, truncated, info
+
+    def reset(self, **kwargs):
+        self._reset_stats()
+        return self.env.reset(**kwargs)
+
+
+class FrameStackWrapper(gymnasium.Wrapper):
+    """Concatenates the last `num_stack` observations on the last axis (the first one repeated after a reset)."""
+
+    def __init__(self, env, num_stack):
+        super().__init__(env)
+        self.num_stack = num_stack
+        self.frames = collections.deque(maxlen=num_stack)
+        space = env.observation_space
+        self.observation_space = Box(
+            low=np.concatenate([space.low] * num_stack, axis=-1),
+            high=np.concatenate([space.high] * num_stack, axis=-1),
+            dtype=space.dtype,
+        )
+
+    def _observation(self):
+        return np.concatenate(list(self.frames), axis=-1)
+
+    def reset(self, **kwargs):
+        ob, info = self.env.reset(**kwargs)
+        for _ in range(self.num_stack):
+            self.frames.append(ob)
+        if 'goal' in info:
+            info['goal'] = np.concatenate([info['goal']] * self.num_stack, axis=-1)
+        return self._observation(), info
+
+    def step(self, action):
+        ob, reward, terminated, truncated, info = self.env.step(action)
+        self.frames.append(ob)
+        return self._observation(), reward, terminated, truncated, info
+
+
+class RewardShiftWrapper(gymnasium.RewardWrapper):
+    """Adds a constant to every online reward, so online rewards match the shifted offline ones."""
+
+    def __init__(self, env, shift):
+        super().__init__(env)
+        self.shift = float(shift)
+
+    def reward(self, reward):
+        return reward + self.shift
+
+
+def get_max_episode_steps(env):
+    """The time limit of a (possibly wrapped) environment, or None when it has none."""
+    cur = env
+    while cur is not None:
+        steps = getattr(cur, 'max_episode_steps', None) or getattr(cur, '_max_episode_steps', None)
+        if steps:
+            return int(steps)
+        spec = getattr(cur, 'spec', None)
+        if spec is not None and spec.max_episode_steps:
+            return int(spec.max_episode_steps)
+        cur = getattr(cur, 'env', None)
+    return None
+
+
+def clip_actions(dataset, eps):
+    """A copy of `dataset` whose actions lie in [-1 + eps, 1 - eps] (no-op when `dataset` or `eps` is None).
+
+    Actors squash with tanh, so log-likelihoods of dataset actions at exactly +-1 would be infinite.
+    """
+    if dataset is None or eps is None:
+        return dataset
+    return dataset.copy(add_or_replace=dict(actions=np.clip(dataset['actions'], -1 + eps, 1 - eps)))
+
+
+def dataset_from_arrays(**fields):
+    """A frozen `Dataset` of float32 arrays (observations keep their dtype when they are images)."""
+    out = {}
+    for k, v in fields.items():
+        v = np.asarray(v)
+        out[k] = v if (k in ('observations', 'next_observations') and v.dtype == np.uint8) else v.astype(np.float32)
+    return Dataset.create(**out)

@@ -1,0 +1,74 @@
+"""Acting online: open-loop action chunks in the training environment, one replay transition per step."""
+
+import jax
+import numpy as np
+
+from evaluation import ActionQueue, mean_stats
+
+
+class OnlineActor:
+    """Acts in an environment with open-loop action chunks and turns each step into a replay transition.
+
+    A new chunk is sampled only when the action queue is empty; the queue is cleared whenever an episode ends, so a
+    chunk never spans two episodes (as in evaluation). With `state_fn`, `last_state` holds the simulator state each
+    step reached, taken before any reset. With `frame_dim` (frame-stacked environments), transitions keep only the
+    newest `frame_dim` entries of the observation's last axis: the replay buffer stacks frames itself when it
+    samples, like the offline dataset.
+    """
+
+    def __init__(self, env, action_dim, seed, reward_fn=None, state_fn=None, frame_dim=None):
+        self.env = env
+        self.action_dim = action_dim
+        self.reward_fn = reward_fn
+        self.state_fn = state_fn
+        self.frame_dim = frame_dim
+        self.last_state = None
+        self.rng = jax.random.PRNGKey(seed)
+        self.queue = ActionQueue(action_dim)
+        self.observation, _ = env.reset()
+
+    def _next_action(self, agent):
+        if self.queue.empty:
+            self.rng, key = jax.random.split(self.rng)
+            self.queue.push_chunk(np.asarray(agent.sample_actions(observations=self.observation, rng=key)))
+        return self.queue.pop()
+
+    def random_action(self, rng):
+        """A uniform random action in [-1, 1] (used before training starts)."""
+        return rng.uniform(-1.0, 1.0, size=self.action_dim).astype(np.float32)
+
+    def _stored(self, observation):
+        return observation if self.frame_dim is None else observation[..., -self.frame_dim :]
+
+    def step(self, agent=None, action=None):
+        """Takes one env step with `action`, or with the agent's queued chunk. Returns (transition, info, done)."""
+        if action is None:
+            action = self._next_action(agent)
+        next_observation, reward, terminated, truncated, info = self.env.step(np.clip(action, -1.0, 1.0))
+        if self.state_fn is not None:
+            self.last_state = self.state_fn(self.env)
+        if self.reward_fn is not None:
+            reward = self.reward_fn(reward)
+        done = terminated or truncated
+        transition = dict(
+            observations=self._stored(self.observation),
+            actions=np.asarray(action, dtype=np.float32),
+            rewards=np.float32(reward),
+            terminals=np.float32(done),
+            masks=np.float32(1.0 - terminated),
+            next_observations=self._stored(next_observation),
+        )
+        if done:
+            self.observation, _ = self.env.reset()
+            self.queue.clear()
+        else:
+            self.observation = next_observation
+        return transition, info, done
+
+
+def episode_row(episodes):
+    """The `env` log row of the episodes (`monitor_stats` dicts) that ended since the last row: mean `episode.*`
+    statistics and `episodes`, their count."""
+    row = {f'episode.{k}': v for k, v in mean_stats(episodes).items()}
+    row['episodes'] = len(episodes)
+    return row
