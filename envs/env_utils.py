@@ -64,15 +64,7 @@ class RunEnvs:
     shards: object
 
 
-def make_env_and_datasets(
-    env_name,
-    frame_stack=None,
-    action_clip_eps=1e-5,
-    dataset_dir=None,
-    ogbench_dataset_dir=None,
-    compact_dataset=False,
-    seed=0,
-):
+def make_env_and_datasets(env_name, **kwargs):
     """Makes the training and evaluation environments and the offline datasets of `env_name`.
 
     Args:
@@ -92,15 +84,7 @@ def make_env_and_datasets(
         `FrameStackWrapper`), with online rewards already shifted like the offline ones (episode statistics stay
         unshifted); `Dataset` objects, val may be None.
     """
-    run = make_run_envs(
-        env_name,
-        frame_stack=frame_stack,
-        action_clip_eps=action_clip_eps,
-        dataset_dir=dataset_dir,
-        ogbench_dataset_dir=ogbench_dataset_dir,
-        compact_dataset=compact_dataset,
-        seed=seed,
-    )
+    run = make_run_envs(env_name, **kwargs)
     return run.env, run.eval_envs[0], run.train_dataset, run.val_dataset
 
 
