@@ -45,6 +45,7 @@ class RunConfig:
     run_group: str
     seed: int  # The first of `seeds`.
     seeds: tuple  # Seeds trained together in this process (one for an ordinary run).
+    seed_chunk: int
     env_name: str
     save_dir: str
     dataset_dir: str | None
@@ -123,6 +124,10 @@ def define_flags(preset, flag_values=flags.FLAGS):
         'seeds', None, 'Several seeds trained in this process as one vmapped program, e.g. 0,1,2,3; each seed gets '
         'its own run directory, as if run alone with --seed (refused with a different --seed).', **fv
     )  # fmt: skip
+    flags.DEFINE_integer(
+        'seed_chunk', 0, 'With --seeds: seeds vmapped together, the others loop inside the same compiled call '
+        '(0: all seeds on a GPU/TPU, 1 on a CPU).', **fv
+    )  # fmt: skip
     flags.DEFINE_string('env_name', 'cube-triple-play-singletask-task2-v0', 'Environment (and dataset) name.', **fv)
     flags.DEFINE_string('save_dir', 'exp/', 'Where run directories are created.', **fv)
     flags.DEFINE_string('dataset_dir', None, 'Dataset location (default per family, e.g. ~/.ogbench/data).', **fv)
@@ -175,7 +180,7 @@ _OFFLINE_ONLY = dict(offline_steps=0, fused_steps=1, dataset_replace_interval=0,
 _INT_MINIMUMS = dict(
     online_steps=0, buffer_size=1, log_interval=1, eval_interval=0, start_training=0, utd_ratio=1, eval_episodes=0,
     video_episodes=0, video_frame_skip=1, offline_steps=0, dataset_replace_interval=0, fused_steps=1, eval_envs=1,
-    keep_checkpoints=1,
+    keep_checkpoints=1, seed_chunk=0,
 )  # fmt: skip
 
 

@@ -9,6 +9,8 @@ differently). A group of one seed holds the plain agent and runs the single-seed
 Batches and observations go in as one entry per seed; infos come back with a leading (S,) axis on every leaf.
 """
 
+from functools import partial
+
 import flax
 import jax
 import jax.numpy as jnp
@@ -23,37 +25,60 @@ def _expand(tree):
     return jax.tree_util.tree_map(lambda x: x[None], tree)
 
 
-@jax.jit
-def _vmapped_update(agents, batch):
-    return jax.vmap(lambda agent, b: agent.update(b))(agents, batch)
+def _over_seeds(fn, chunk, *xs):
+    """`fn` applied to every seed's slice of `xs`: vmapped over all seeds (`chunk` None), or over `chunk` seeds at a
+    time in a loop inside the program (`chunk=1`: one seed after another)."""
+    if chunk is None:
+        return jax.vmap(fn)(*xs)
+    return jax.lax.map(lambda args: fn(*args), xs, batch_size=chunk if chunk > 1 else None)
 
 
-@jax.jit
-def _vmapped_batch_update(agents, batch):
-    return jax.vmap(lambda agent, b: agent.batch_update(b))(agents, batch)
+@partial(jax.jit, static_argnames='chunk')
+def _group_update(agents, batch, chunk):
+    return _over_seeds(lambda agent, b: agent.update(b), chunk, agents, batch)
 
 
-@jax.jit
-def _vmapped_sample_actions(agents, observations, rngs):
-    return jax.vmap(lambda agent, obs, rng: agent.sample_actions(obs, rng=rng))(agents, observations, rngs)
+@partial(jax.jit, static_argnames='chunk')
+def _group_batch_update(agents, batch, chunk):
+    return _over_seeds(lambda agent, b: agent.batch_update(b), chunk, agents, batch)
+
+
+@partial(jax.jit, static_argnames='chunk')
+def _group_sample_actions(agents, observations, rngs, chunk):
+    return _over_seeds(lambda agent, obs, rng: agent.sample_actions(obs, rng=rng), chunk, agents, observations, rngs)
+
+
+def default_chunk():
+    """Seeds vmapped together by default: all of them on an accelerator, where one wide program fills the device,
+    and one at a time on a CPU, where a vmapped matmul runs slower per seed than S plain ones (benchmarks/RESULTS.md)
+    while one program for all seeds still saves the per-call overhead."""
+    return 1 if jax.default_backend() == 'cpu' else None
 
 
 class SeedGroup:
     """The agents of `seeds`: one plain agent for one seed, else one agent pytree with a leading (S,) axis."""
 
-    def __init__(self, agents, seeds):
+    def __init__(self, agents, seeds, chunk=None):
         self.agents = agents
         self.seeds = tuple(int(s) for s in seeds)
+        self.chunk = chunk  # Seeds vmapped together (None: all); the rest loop inside the one program.
 
     @classmethod
-    def create(cls, agent_class, seeds, ex_observations, ex_actions, config):
-        """Builds the agents of `seeds`; seed `s` is identical to `agent_class.create(s, ...)`."""
+    def create(cls, agent_class, seeds, ex_observations, ex_actions, config, chunk='auto'):
+        """Builds the agents of `seeds`; seed `s` is identical to `agent_class.create(s, ...)`. `chunk`: how many
+        seeds are vmapped together (None: all of them; 1: each seed on its own, one after another, inside the one
+        compiled call; 'auto': `default_chunk()`)."""
         seeds = tuple(int(s) for s in seeds)
+        chunk = default_chunk() if chunk == 'auto' else chunk
+        if chunk is not None and chunk < 1:
+            raise ValueError(f'chunk must be >= 1 or None, got {chunk}')
         if len(seeds) == 1:
             return cls(agent_class.create(seeds[0], ex_observations, ex_actions, config), seeds)
         stacked = jnp.asarray(np.asarray(seeds, dtype=np.int32))
-        agents = jax.vmap(lambda seed: agent_class.create(seed, ex_observations, ex_actions, config))(stacked)
-        return cls(agents, seeds)
+        # One compiled initialization for all seeds (vmapped op by op, creation takes several times longer).
+        create = jax.jit(jax.vmap(lambda seed: agent_class.create(seed, ex_observations, ex_actions, config)))
+        agents = create(stacked)
+        return cls(agents, seeds, chunk=None if chunk is None or chunk >= len(seeds) else chunk)
 
     @property
     def num_seeds(self):
@@ -69,7 +94,7 @@ class SeedGroup:
         if not self.stacked:
             self.agents, info = self.agents.update(batches[0])
             return _expand(info)
-        self.agents, info = _vmapped_update(self.agents, _stack(batches))
+        self.agents, info = _group_update(self.agents, _stack(batches), chunk=self.chunk)
         return info
 
     def batch_update(self, batches):
@@ -77,14 +102,15 @@ class SeedGroup:
         if not self.stacked:
             self.agents, info = self.agents.batch_update(batches[0])
             return _expand(info)
-        self.agents, info = _vmapped_batch_update(self.agents, _stack(batches))
+        self.agents, info = _group_batch_update(self.agents, _stack(batches), chunk=self.chunk)
         return info
 
     def sample_actions(self, observations, rngs):
         """Actions of every seed, `observations[i]` with key `rngs[i]`, as one (S, ...) NumPy array."""
         if not self.stacked:
             return np.asarray(self.agents.sample_actions(observations[0], rng=rngs[0]))[None]
-        return np.asarray(_vmapped_sample_actions(self.agents, _stack(observations), jnp.stack(rngs)))
+        actions = _group_sample_actions(self.agents, _stack(observations), jnp.stack(rngs), chunk=self.chunk)
+        return np.asarray(actions)
 
     def agent(self, i):
         """Seed i's agent as an ordinary single-seed agent (evaluation, saving, notebooks)."""

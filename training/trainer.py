@@ -54,14 +54,17 @@ class StopTraining(UserError):
     prefix = ''
 
 
-def create_agents(agent_classes, config, seeds, dataset):
-    """The `SeedGroup` of `seeds` of the agent named by `config.agent_name`, from one example of `dataset`."""
+def create_agents(agent_classes, config, seeds, dataset, chunk='auto'):
+    """The `SeedGroup` of `seeds` of the agent named by `config.agent_name`, from one example of `dataset`;
+    `chunk` seeds are vmapped together (see `SeedGroup.create`)."""
     name = config.get('agent_name')
     if name not in agent_classes:
         raise UsageError(f'unknown agent_name {name!r} in the agent config; known: {", ".join(sorted(agent_classes))}')
     example = dataset.example()
     try:
-        return SeedGroup.create(agent_classes[name], seeds, example['observations'], example['actions'], config)
+        return SeedGroup.create(
+            agent_classes[name], seeds, example['observations'], example['actions'], config, chunk=chunk
+        )
     except ValueError as e:
         raise UsageError(str(e)) from e
 
@@ -170,7 +173,7 @@ class Trainer:
             self.lanes.append(Lane(run.for_seed(s), name, os.path.join(group_dir, name), env, eval_envs, lane_dataset))
         self.startup['envs and data'] = time.perf_counter() - clock
         clock = time.perf_counter()
-        self.agents = create_agents(agent_classes, run.agent, run.seeds, dataset)
+        self.agents = create_agents(agent_classes, run.agent, run.seeds, dataset, chunk=run.seed_chunk or 'auto')
         self.startup['agent'] = time.perf_counter() - clock
         self.action_dim = dataset['actions'].shape[-1]
 
