@@ -22,6 +22,6 @@ python3 main.py --run_group=seeds_demo --save_dir="$SAVE_DIR" --dataset_dir="$DA
   --offline_steps=3000 --online_steps=2000 --start_training=1 \
   --eval_interval=1000 --eval_episodes=10 --log_interval=500
 
-python3 -m log_utils plot "$SAVE_DIR/seeds_demo" --out "$OUT"
+python3 -m log_utils plot "$SAVE_DIR/seeds_demo" --out "$OUT" --band=minmax
 echo "Runs: $(ls -d "$SAVE_DIR"/seeds_demo/qc_sd*)"
 echo "Curves: $OUT"
