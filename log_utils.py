@@ -334,12 +334,14 @@ def setup_wandb(
     tags=None,
     init_timeout=15,
     run_id=None,
+    several=False,
 ):
     """Starts a wandb run without ever prompting; returns the run, or None when wandb is disabled or unavailable.
 
     The mode is chosen by `resolve_wandb_mode`. An online start that fails (e.g. no network within `init_timeout`
     seconds) is retried offline; if that fails too, logging continues with CSV only. With `run_id` (a resumed
-    run) the same wandb run is continued.
+    run) the same wandb run is continued. With `several`, more runs of this process may be open at once (one per
+    seed of a multi-seed run).
     """
     if resolve_wandb_mode(mode) == 'disabled':
         return None
@@ -355,6 +357,8 @@ def setup_wandb(
     )
     if run_id is not None:
         kwargs.update(id=run_id, resume='allow')
+    if several:
+        kwargs.update(reinit='create_new')
     for attempt in [mode, 'offline'] if mode == 'online' else [mode]:
         try:
             settings = wandb.Settings(init_timeout=init_timeout)

@@ -3,10 +3,12 @@
     python -m benchmarks.run                      # full suite (CPU, under 10 minutes)
     python -m benchmarks.run --quick              # CI smoke run: tiny sizes, few iterations (under a minute)
     python -m benchmarks.run --only updates,memory --out /tmp/results.json
+    python -m benchmarks.run --only seeds
 
 Sections: `updates` (per-step vs fused updates/s, FLOPs, FLOP/s vs this machine's matmul rate, time to first
 update), `eval` (sequential vs batched evaluation), `online` (main.py's online loop and its breakdown), `memory`
-(dataset bytes per transition, compact vs duplicated next observations).
+(dataset bytes per transition, compact vs duplicated next observations), `seeds` (S seeds vmapped in one process
+against single-seed runs, and the replay memory of S seeds).
 """
 
 import argparse
@@ -15,7 +17,9 @@ import os
 import sys
 import time
 
-SECTIONS = ('updates', 'eval', 'online', 'memory')
+SECTIONS = ('updates', 'eval', 'online', 'memory', 'seeds')
+SEED_TARGET_CPU = 0.95  # S seeds in one process at least as fast per seed as S sequential runs, on a CPU.
+SEED_TARGET_GPU = 5.0  # S=8 seed-updates/s over S=1 for QC-FQL at paper size, on a GPU.
 PAPER_TOLERANCE = 0.97  # "Never slower" at paper size allows 3% timing noise between the two loops.
 
 
@@ -34,7 +38,9 @@ def settings(quick):
             eval=[dict(size='tiny', num_envs=2, num_episodes=2, max_episode_steps=50)],
             online=[dict(agent_name='QC', size='tiny', steps=10, dataset_size=10_000)],
             memory_transitions=10_000,
-        )
+            seeds=dict(sizes=('tiny',), agents=('QC',), seed_counts=(1, 2), steps=2, num_transitions=10_000,
+                       replay_transitions=10_000, replay_online_steps=10_000),
+        )  # fmt: skip
     return dict(
         sizes=('small', 'paper'),
         update_agents=None,  # All of benchmarks.common.AGENTS.
@@ -53,6 +59,7 @@ def settings(quick):
             dict(agent_name='QC-FQL', size='paper', target_s=5.0),
         ],
         memory_transitions=1_000_000,
+        seeds=dict(sizes=('small', 'paper'), agents=('QC', 'QC-FQL'), seed_counts=(1, 2, 4, 8)),
     )
 
 
@@ -115,6 +122,26 @@ def check_targets(results, matmul):
                 resident=round(mem['resident_ratio'], 3),
             )
         )
+    seeds = (results.get('seeds') or {}).get('updates') or []
+    if seeds:
+        several = [r for r in seeds if r['seeds'] > 1]
+        on_gpu = results['machine']['backend'] == 'gpu'
+        if several and not on_gpu:
+            worst = min(several, key=lambda r: r['ratio'])
+            targets.append(
+                dict(
+                    target=f'S seeds in one process >= {SEED_TARGET_CPU}x per seed of S sequential runs (CPU)',
+                    met=worst['ratio'] >= SEED_TARGET_CPU,
+                    value={f'{r["agent"]} {r["size"]} S={r["seeds"]}': round(r['ratio'], 3) for r in several},
+                )
+            )
+        paper = {r['seeds']: r for r in seeds if r['agent'] == 'QC-FQL' and r['size'] == 'paper'}
+        target = f'QC-FQL paper size: S=8 seed-updates/s >= {SEED_TARGET_GPU}x S=1 (GPU)'
+        if on_gpu and 8 in paper and 1 in paper:
+            gain = paper[8]['seed_ups'] / paper[1]['seed_ups']
+            targets.append(dict(target=target, met=gain >= SEED_TARGET_GPU, value=round(gain, 3)))
+        else:
+            targets.append(dict(target=target, met=None, value='unmeasured (no GPU in this run)'))
     return targets
 
 
@@ -216,6 +243,46 @@ def print_tables(results, matmul):
         )
 
 
+def print_seed_tables(seeds):
+    """The `seeds` section's two tables."""
+    from benchmarks.common import format_table
+
+    print('\nSeeds in one process (seed-updates/s; ratio = per seed against S sequential single-seed runs)')
+    print(
+        format_table(
+            seeds['updates'],
+            [
+                ('agent', 'agent', None),
+                ('size', 'size', None),
+                ('seeds', 'S', None),
+                ('sequential_ups', 'sequential seed-ups', '{:.2f}'),
+                ('chunk', 'chunk', None),
+                ('seed_ups', 'S-seed seed-ups', '{:.2f}'),
+                ('ratio', 'ratio', '{:.2f}'),
+                ('vmap_seed_ups', 'all-vmap seed-ups', '{:.2f}'),
+                ('vmap_ratio', 'all-vmap ratio', '{:.2f}'),
+                ('first_seed_ups_call_s', 'first call s', '{:.1f}'),
+                ('state_mb', 'state MiB', '{:.1f}'),
+                ('batch_mb', 'batch MiB', '{:.1f}'),
+                ('peak_device_bytes', 'peak device B', None),
+            ],
+        )
+    )
+    print('\nReplay memory of S seeds (main.py: buffers start with the offline data; MiB)')
+    print(
+        format_table(
+            seeds['replay'],
+            [
+                ('seeds', 'S', None),
+                ('transitions', 'dataset', None),
+                ('shared_start_mb', 'shared, start', '{:.0f}'),
+                ('shared_end_mb', 'shared, after online', '{:.0f}'),
+                ('copies_mb', 'one copy per seed', '{:.0f}'),
+            ],
+        )
+    )
+
+
 def main(argv=None):
     """Command-line entry point; returns the results dict."""
     parser = argparse.ArgumentParser(description='Q-chunking benchmark suite.')
@@ -276,6 +343,10 @@ def main(argv=None):
             from benchmarks import memory
 
             results['memory'] = memory.run(cfg['memory_transitions'], log=log)
+        elif section == 'seeds':
+            from benchmarks import seeds
+
+            results['seeds'] = seeds.run(log=log, **cfg['seeds'])
         results['section_s'][section] = time.perf_counter() - start
         results['section_load'][section] = [load, common.load_average()]
 
@@ -291,10 +362,13 @@ def main(argv=None):
 
     print(f'\nMatmul rate: {matmul / 1e9:.1f} GFLOP/s ({cfg["matmul_n"]}x{cfg["matmul_n"]} float32, best run)')
     print_tables(results, matmul)
+    if results.get('seeds'):
+        print_seed_tables(results['seeds'])
     if results['targets']:
         print('\nTargets')
         for t in results['targets']:
-            print(f'  [{"met" if t["met"] else "NOT met"}] {t["target"]}: {t["value"]}')
+            verdict = 'unmeasured' if t['met'] is None else ('met' if t['met'] else 'NOT met')
+            print(f'  [{verdict}] {t["target"]}: {t["value"]}')
     print(
         f'\nTotal {results["total_s"]:.0f} s; 1-min load average before {results["load_before"]}, '
         f'after {results["load_after"]}'

@@ -127,11 +127,25 @@ def make_run_envs(
         train_dataset.seed(seed)
     if val_dataset is not None:
         val_dataset.seed(seed + 1)
+    env, eval_envs = _seeded_envs(family, env_name, env, eval_env, seed, num_eval_envs, dataset_dir, frame_stack)
+    return RunEnvs(env, eval_envs, train_dataset, val_dataset, shards)
+
+
+def make_seed_envs(env_name, seed, num_eval_envs=1, dataset_dir=None, frame_stack=None):
+    """(env, eval_envs) of one more seed of a multi-seed run: the environments `make_run_envs(seed=seed)` gives,
+    without loading the datasets again."""
+    family = FAMILIES[get_env_family(env_name)]
+    env, eval_env = (family.make_env(env_name, dataset_dir=dataset_dir, seed=seed) for _ in range(2))
+    return _seeded_envs(family, env_name, env, eval_env, seed, num_eval_envs, dataset_dir, frame_stack)
+
+
+def _seeded_envs(family, env_name, env, eval_env, seed, num_eval_envs, dataset_dir, frame_stack):
+    """Wraps and seeds the training and first evaluation environment and adds the extra evaluation ones."""
     env, eval_env = (_wrap_env(e, family, env_name, frame_stack) for e in (env, eval_env))
     env.reset(seed=seed)
     eval_env.reset(seed=seed + 1)
     extra = _make_extra_eval_envs(family, env_name, num_eval_envs - 1, dataset_dir, frame_stack, seed)
-    return RunEnvs(env, [eval_env, *extra], train_dataset, val_dataset, shards)
+    return env, [eval_env, *extra]
 
 
 def _wrap_env(env, family, env_name, frame_stack):

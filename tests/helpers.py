@@ -128,3 +128,21 @@ def only_run_dir(save_dir):
     runs = glob.glob(os.path.join(str(save_dir), '*', '*'))
     assert len(runs) == 1, runs
     return runs[0]
+
+
+def parse_run(preset, argv):
+    """The validated `RunConfig` of a driver preset and its command-line arguments, as the drivers build it."""
+    from unittest import mock
+
+    from absl import flags
+
+    from training import define_flags, from_flags
+
+    flag_values = flags.FlagValues()
+    argv = ['prog', *argv]
+    # ml_collections' config flag reads its `--agent.*` overrides from sys.argv (when it is defined and parsed), as
+    # it does in the drivers.
+    with mock.patch.object(sys, 'argv', argv):
+        define_flags(preset, flag_values)
+        flag_values(argv)
+    return from_flags(flag_values, argv, preset)

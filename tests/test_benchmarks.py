@@ -48,4 +48,7 @@ def test_quick_suite_runs(tmp_path):
     assert results['eval'][0]['sequential_eps'] > 0 and results['eval'][0]['batched_eps'] > 0
     assert results['online'][0]['steps_per_s'] > 0
     assert results['memory']['duplicated']['bytes_per_transition'] > 0
+    assert [r['seeds'] for r in results['seeds']['updates']] == [1, 2]
+    assert all(r['seed_ups'] > 0 for r in results['seeds']['updates'])
+    assert results['seeds']['replay'][-1]['shared_start_mb'] < results['seeds']['replay'][-1]['copies_mb']
     assert 'Targets' in proc.stdout or results['targets'] is not None

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 from helpers import tagged_dataset, tagged_episodes
 
-from utils.datasets import Dataset, ReplayBuffer
+from training.data import TRANSITION_KEYS
+from utils.datasets import Dataset, PrefixReplayBuffer, ReplayBuffer
 
 LENGTHS = (7, 5, 9, 4)  # Episode boundaries at t = 6, 11, 20, 24.
 GAMMA = 0.9
@@ -306,3 +307,35 @@ def test_compact_layout_samples_exactly_like_duplicated_next_observations(kind):
     half = compact.take_first(10)
     assert half.size == 10 and half.compact
     np.testing.assert_array_equal(half['next_observations'], full['next_observations'][:10])
+
+
+@pytest.mark.parametrize('frame_stack', [None, 3])
+@pytest.mark.parametrize('compact', [False, True])
+def test_prefix_buffer_samples_what_a_copying_buffer_samples(frame_stack, compact):
+    """A buffer reading its initial data in place equals one that copied it, through the ring's wrap-around."""
+    dataset = Dataset.create(seed=0, compact=compact, frame_stack=frame_stack, **tagged_episodes([7, 9, 5]))
+    copying = ReplayBuffer.create_from_initial_dataset(dataset, size=30, frame_stack=frame_stack, seed=3)
+    sharing = PrefixReplayBuffer(dataset, 30, TRANSITION_KEYS, online_capacity=25, frame_stack=frame_stack, seed=3)
+    for step in range(25):  # 21 + 25 transitions in a ring of 30: the online ones overwrite the oldest.
+        t = 100 + step
+        transition = dict(
+            observations=np.full(3, t, np.float32), actions=np.full(2, t, np.float32), rewards=np.float32(t),
+            terminals=np.float32(step % 6 == 5), masks=np.float32(step % 12 != 11),
+            next_observations=np.full(3, t + 0.5, np.float32),
+        )  # fmt: skip
+        copying.add_transition(transition)
+        sharing.add_transition(transition)
+        assert (sharing.size, sharing.pointer) == (copying.size, copying.pointer)
+        a, b = copying.sample_sequence(8, 3, 0.9), sharing.sample_sequence(8, 3, 0.9)
+        for k in a:
+            np.testing.assert_array_equal(a[k], b[k], err_msg=f'{k} after {step + 1} online steps')
+    assert np.shares_memory(sharing.prefix['actions'], dataset['actions'])
+    assert sharing.nbytes() == 25 * sharing.transition_nbytes()
+    # A checkpointed buffer holds only the online rows and restores the same samples.
+    state = sharing.state_dict()
+    assert len(state['online']['actions']) == 25
+    restored = PrefixReplayBuffer(dataset, 30, TRANSITION_KEYS, online_capacity=25, frame_stack=frame_stack, seed=9)
+    restored.load_state(state)
+    a, b = sharing.sample_sequence(8, 3, 0.9), restored.sample_sequence(8, 3, 0.9)
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k])

@@ -172,3 +172,42 @@ def test_an_existing_run_is_not_overwritten_without_resume(data_dir, tmp_path):
     assert run_driver('main.py', args).returncode == 0
     again = run_driver('main.py', args)
     assert again.returncode == 2 and 'add --resume' in again.stderr.strip().splitlines()[-1]
+
+
+def test_sigkill_then_resume_of_several_seeds_reproduces_the_uninterrupted_run(data_dir, tmp_path):
+    # Blocks of 3 updates only (one compile); the evaluations at 12 and 24 leave time to kill it after step 12.
+    seeds = ['--seeds=0,1', '--offline_steps=24', '--save_interval=6', '--log_interval=6', '--eval_interval=12']
+    reference = run_driver('main.py', args_for(data_dir, tmp_path, 'whole', *OFFLINE, *seeds))
+    assert reference.returncode == 0, reference.stderr[-3000:]
+
+    proc = start_driver(args_for(data_dir, tmp_path, 'killed', *OFFLINE, *seeds))
+    killed = [run_dir_of(tmp_path, f'killed_sd{s}') for s in (0, 1)]
+    assert wait_for(lambda: all(len(checkpoint_files(d)) >= 2 for d in killed), proc), 'too few checkpoints'
+    time.sleep(np.random.default_rng().uniform(0.0, 0.1))
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, 'the run ended before it was killed'
+    # As if the kill came between the two seeds' files: seed 1 lacks the newest step, so both resume from the one
+    # before it.
+    os.remove(checkpoint_files(killed[1])[-1])
+
+    resumed = run_driver('main.py', args_for(data_dir, tmp_path, 'killed', *OFFLINE, *seeds, '--resume'))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    for s, killed_dir in enumerate(killed):
+        whole_dir = run_dir_of(tmp_path, f'whole_sd{s}')
+        for name in ('offline_agent.csv', 'eval.csv'):
+            assert comparable_rows(os.path.join(killed_dir, name)) == comparable_rows(os.path.join(whole_dir, name))
+        assert_same_params(
+            load_params(os.path.join(killed_dir, 'params_24.pkl')),
+            load_params(os.path.join(whole_dir, 'params_24.pkl')),
+        )
+    assert comparable_rows(os.path.join(killed[0], 'offline_agent.csv')) != comparable_rows(
+        os.path.join(killed[1], 'offline_agent.csv')
+    )
+
+
+def test_a_non_finite_loss_of_several_seeds_names_the_seed(data_dir, tmp_path):
+    nan = ['--seeds=3,4', '--agent.lr=1e30', '--offline_steps=6', '--log_interval=3', '--save_interval=6']
+    proc = run_driver('main.py', args_for(data_dir, tmp_path, 'nan', *OFFLINE, *nan))
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1].startswith('error: seed 3: non-finite values at step')

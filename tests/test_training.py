@@ -3,21 +3,18 @@ the run config from flags, and a whole (tiny) run of the trainer."""
 
 import dataclasses
 import os
-import sys
-from unittest import mock
 
 import gymnasium
 import jax
 import numpy as np
 import pytest
-from absl import flags
-from helpers import generate_cube_single, random_dataset, read_csv, tagged_dataset, tiny_acfql_config
+from helpers import generate_cube_single, parse_run, random_dataset, read_csv, tagged_dataset, tiny_acfql_config
 
 import main
 import main_online
 from agents import agents
 from agents.acfql import ACFQLAgent
-from training import Trainer, define_flags, from_flags
+from training import Trainer
 from training.actor import OnlineActor, episode_row
 from training.data import TRANSITION_KEYS, ChunkSampler, process_dataset
 from training.schedule import block_end
@@ -152,33 +149,22 @@ def test_chunk_sampler_mixes_sources_in_order_and_stacks_updates():
     assert block.sources[0][1] is twin
 
 
-def _parse(preset, argv):
-    flag_values = flags.FlagValues()
-    argv = ['prog', *argv]
-    # ml_collections' config flag reads its `--agent.*` overrides from sys.argv (when it is defined and parsed), as
-    # it does in the drivers.
-    with mock.patch.object(sys, 'argv', argv):
-        define_flags(preset, flag_values)
-        flag_values(argv)
-    return from_flags(flag_values, argv, preset)
-
-
 @pytest.mark.parametrize('given', ['--horizon_length=7', '--agent.horizon_length=7'])
 def test_agent_horizon_flag_alone_behaves_like_the_driver_flag(given):
     for preset in (main.PRESET, main_online.PRESET):
-        run = _parse(preset, [given, '--start_training=7'])
+        run = parse_run(preset, [given, '--start_training=7'])
         assert run.horizon_length == 7 == run.agent['horizon_length']
         assert run.flag_record['agent']['horizon_length'] == 7
     with pytest.raises(UsageError, match=r'--start_training \(6\) must be >= the horizon length \(7\)'):
-        _parse(main_online.PRESET, [given, '--start_training=6'])
+        parse_run(main_online.PRESET, [given, '--start_training=6'])
     with pytest.raises(UsageError, match='disagree'):
-        _parse(main.PRESET, ['--horizon_length=5', '--agent.horizon_length=7'])
+        parse_run(main.PRESET, ['--horizon_length=5', '--agent.horizon_length=7'])
 
 
 def test_run_config_is_frozen_and_validated():
-    run = _parse(main.PRESET, [])
+    run = parse_run(main.PRESET, [])
     assert run.offline_steps == 1000000 and run.random_steps == 0
-    online = _parse(main_online.PRESET, [])
+    online = parse_run(main_online.PRESET, [])
     assert online.offline_steps == 0 and online.random_steps == online.start_training - 1
     with pytest.raises(dataclasses.FrozenInstanceError):
         run.seed = 3
@@ -206,7 +192,7 @@ def test_trainer_runs_in_process(cube_dir, tmp_path):
         '--offline_steps=6', '--online_steps=4', '--start_training=2', '--log_interval=3', '--eval_interval=0',
         '--horizon_length=2', '--buffer_size=100', '--exp_name=inproc',
     ]  # fmt: skip
-    trainer = Trainer(_parse(main.PRESET, argv), agents)
+    trainer = Trainer(parse_run(main.PRESET, argv), agents)
     trainer.train()
     run_dir = os.path.join(str(tmp_path), 'Debug', 'inproc')
     assert [r['step'] for r in read_csv(os.path.join(run_dir, 'offline_agent.csv'))] == ['3', '6']

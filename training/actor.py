@@ -27,9 +27,14 @@ class OnlineActor:
         self.queue = ActionQueue(action_dim)
         self.observation, _ = env.reset()
 
+    def next_key(self):
+        """The key of the next chunk (the actor's generator advances)."""
+        self.rng, key = jax.random.split(self.rng)
+        return key
+
     def _next_action(self, agent):
         if self.queue.empty:
-            self.rng, key = jax.random.split(self.rng)
+            key = self.next_key()
             self.queue.push_chunk(np.asarray(agent.sample_actions(observations=self.observation, rng=key)))
         return self.queue.pop()
 
@@ -72,3 +77,19 @@ def episode_row(episodes):
     row = {f'episode.{k}': v for k, v in mean_stats(episodes).items()}
     row['episodes'] = len(episodes)
     return row
+
+
+def policy_actions(actors, agents):
+    """The next action of every seed's actor, with one batched policy call (a `SeedGroup`) when any queue is empty.
+
+    Only the actors that need a new chunk advance their generators; the others' rows of the call are discarded, so
+    each seed draws what it would draw alone.
+    """
+    need = [actor.queue.empty for actor in actors]
+    if any(need):
+        keys = [actor.next_key() if n else actor.rng for actor, n in zip(actors, need, strict=True)]
+        chunks = agents.sample_actions([actor.observation for actor in actors], keys)  # (S, H * A)
+        for actor, n, chunk in zip(actors, need, chunks, strict=True):
+            if n:
+                actor.queue.push_chunk(chunk)
+    return [actor.queue.pop() for actor in actors]

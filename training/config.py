@@ -43,7 +43,9 @@ class RunConfig:
     """Every run setting, typed and validated (`from_flags`). Field meanings are the flag help strings."""
 
     run_group: str
-    seed: int
+    seed: int  # The first of `seeds`.
+    seeds: tuple  # Seeds trained together in this process (one for an ordinary run).
+    seed_chunk: int
     env_name: str
     save_dir: str
     dataset_dir: str | None
@@ -95,8 +97,20 @@ class RunConfig:
         """Online steps that take uniform random actions before the agent acts."""
         return 0 if self.preset.replay_starts_with_data else self.start_training - 1
 
+    @property
+    def num_seeds(self):
+        return len(self.seeds)
+
+    def for_seed(self, seed):
+        """The single-seed run of `seed` (and its flags.json record), as `--seed=seed` alone would configure it."""
+        record = dict(self.flag_record, seed=seed, seeds=None) if self.flag_record else {}
+        return dataclasses.replace(self, seed=seed, seeds=(seed,), flag_record=record)
+
     def replace(self, **changes):
-        """A validated copy with some fields changed (tests and notebooks build runs this way)."""
+        """A validated copy with some fields changed (tests and notebooks build runs this way); a new `seed` alone
+        makes a single-seed run of it."""
+        if 'seed' in changes and 'seeds' not in changes:
+            changes['seeds'] = (changes['seed'],)
         return validate(dataclasses.replace(self, **changes))
 
 
@@ -106,6 +120,14 @@ def define_flags(preset, flag_values=flags.FLAGS):
     fv = dict(flag_values=flag_values)
     flags.DEFINE_string('run_group', 'Debug', 'Run group (folder under save_dir and wandb group).', **fv)
     flags.DEFINE_integer('seed', 0, 'Random seed.', **fv)
+    flags.DEFINE_list(
+        'seeds', None, 'Several seeds trained in this process as one vmapped program, e.g. 0,1,2,3; each seed gets '
+        'its own run directory, as if run alone with --seed (refused with a different --seed).', **fv
+    )  # fmt: skip
+    flags.DEFINE_integer(
+        'seed_chunk', 0, 'With --seeds: seeds vmapped together, the others loop inside the same compiled call '
+        '(0: all seeds on a GPU/TPU, 1 on a CPU).', **fv
+    )  # fmt: skip
     flags.DEFINE_string('env_name', 'cube-triple-play-singletask-task2-v0', 'Environment (and dataset) name.', **fv)
     flags.DEFINE_string('save_dir', 'exp/', 'Where run directories are created.', **fv)
     flags.DEFINE_string('dataset_dir', None, 'Dataset location (default per family, e.g. ~/.ogbench/data).', **fv)
@@ -158,7 +180,7 @@ _OFFLINE_ONLY = dict(offline_steps=0, fused_steps=1, dataset_replace_interval=0,
 _INT_MINIMUMS = dict(
     online_steps=0, buffer_size=1, log_interval=1, eval_interval=0, start_training=0, utd_ratio=1, eval_episodes=0,
     video_episodes=0, video_frame_skip=1, offline_steps=0, dataset_replace_interval=0, fused_steps=1, eval_envs=1,
-    keep_checkpoints=1,
+    keep_checkpoints=1, seed_chunk=0,
 )  # fmt: skip
 
 
@@ -186,7 +208,8 @@ def resolve_agent_config(config, horizon_length, discount, argv):
 
 def from_flags(flag_values, argv, preset):
     """The validated `RunConfig` of parsed absl flags; `argv` is the command line (to see which flags were given)."""
-    names = [f.name for f in dataclasses.fields(RunConfig) if f.name not in ('preset', 'agent', 'flag_record')]
+    derived = ('seeds', 'preset', 'agent', 'flag_record')
+    names = [f.name for f in dataclasses.fields(RunConfig) if f.name not in derived]
     values = {}
     for name in names:
         if name in flag_values:
@@ -195,10 +218,27 @@ def from_flags(flag_values, argv, preset):
             values[name] = _OFFLINE_ONLY[name]
         else:
             raise KeyError(f'flag --{name} is not defined; call define_flags first')
+    seeds = resolve_seeds(flag_values.seed, flag_values.seeds, argv)
+    values['seed'] = seeds[0]
     agent = resolve_agent_config(flag_values.agent, flag_values.horizon_length, flag_values.discount, argv)
     record = get_flag_dict(flag_values)
     record['agent'] = agent.to_dict()
-    return validate(RunConfig(**values, preset=preset, agent=agent, flag_record=record))
+    return validate(RunConfig(**values, seeds=seeds, preset=preset, agent=agent, flag_record=record))
+
+
+def resolve_seeds(seed, seeds, argv):
+    """The run's seeds: `--seeds` when given (refused with a `--seed` on the command line that differs from
+    it), else `(seed,)`."""
+    if not seeds:
+        return (seed,)
+    try:
+        resolved = tuple(int(s) for s in seeds)
+    except ValueError as e:
+        given = ','.join(seeds)
+        raise UsageError(f'--seeds must be comma-separated integers, e.g. --seeds=0,1,2,3; got {given}') from e
+    if _given_on_command_line('seed', argv) and resolved != (seed,):
+        raise UsageError(f'--seed={seed} and --seeds={",".join(seeds)} disagree; give only --seeds')
+    return resolved
 
 
 def validate(run):
@@ -207,6 +247,10 @@ def validate(run):
         value = getattr(run, name)
         if value is None or value < minimum:
             raise UsageError(f'--{name} must be >= {minimum}, got {value}')
+    if len(set(run.seeds)) != len(run.seeds) or min(run.seeds) < 0:
+        raise UsageError(f'--seeds must be distinct non-negative integers, got {",".join(map(str, run.seeds))}')
+    if run.num_seeds > 1 and run.ogbench_dataset_dir is not None:
+        raise UsageError('--seeds with --ogbench_dataset_dir is not supported; run one process per seed (--seed)')
     horizon = run.horizon_length
     if horizon is None or horizon < 1:
         raise UsageError(f'--horizon_length must be >= 1, got {horizon}')

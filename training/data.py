@@ -4,13 +4,13 @@ A `ChunkSampler` owns its sources (the offline dataset, the replay buffer) and h
 from each, and returns `(U, B, ...)` batches for `U` updates at the run's horizon and discount:
 
     offline phase              data only            `main.py` and any run with offline steps
-    online, `main.py`          replay only          the buffer starts as a copy of the offline data
+    online, `main.py`          replay only          the buffer starts with the offline data (shared, not copied)
     online, `main_online.py`   half data, half replay (RLPD's symmetric sampling); the buffer starts empty
 """
 
 import numpy as np
 
-from utils.datasets import Dataset, ReplayBuffer
+from utils.datasets import Dataset, PrefixReplayBuffer, ReplayBuffer
 
 TRANSITION_KEYS = ('observations', 'actions', 'rewards', 'terminals', 'masks', 'next_observations')
 
@@ -46,17 +46,19 @@ def replay_capacity(run, dataset):
     return run.buffer_size
 
 
-def make_replay_buffer(run, dataset):
-    """The replay buffer of the online phase: a copy of `dataset` or empty, with the dataset's fields."""
+def make_replay_buffer(run, dataset, seed):
+    """The replay buffer of the online phase, sampling with generator `seed`: it starts with `dataset` (read in
+    place, not copied, so several seeds share it) or empty, with the dataset's fields."""
     capacity = replay_capacity(run, dataset)
     if run.preset.replay_starts_with_data:
-        return ReplayBuffer.create_from_initial_dataset(
-            dataset, size=capacity, frame_stack=dataset.frame_stack, p_aug=dataset.p_aug, seed=run.seed
-        )
-    example = {k: dataset[k][0] for k in TRANSITION_KEYS}
-    return ReplayBuffer.create(
-        example, size=capacity, frame_stack=dataset.frame_stack, p_aug=dataset.p_aug, seed=run.seed
-    )
+        keys = [k for k in TRANSITION_KEYS if k in dataset]
+        return PrefixReplayBuffer(
+            dataset, capacity, keys, online_capacity=run.online_steps, frame_stack=dataset.frame_stack,
+            p_aug=dataset.p_aug, seed=seed,
+        )  # fmt: skip
+    first = dataset.get_subset(np.zeros(1, dtype=np.int64))  # Unstacked frames, nothing materialized.
+    example = {k: first[k][0] for k in TRANSITION_KEYS}
+    return ReplayBuffer.create(example, size=capacity, frame_stack=dataset.frame_stack, p_aug=dataset.p_aug, seed=seed)
 
 
 def stack_utd(batch, utd_ratio, batch_size):

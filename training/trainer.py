@@ -1,28 +1,33 @@
-"""One training run, built from a `RunConfig`: run directory, environments, data, agent, logs, checkpoints, phases.
+"""One training run, built from a `RunConfig`: run directories, environments, data, agents, logs, checkpoints, phases.
 
     run = from_flags(FLAGS, sys.argv, PRESET)  # training.config: flags -> a validated RunConfig
     Trainer(run, agents).train()             # offline phase, online phase, final summary
 
-The trainer owns everything it checkpoints: the agent, the offline dataset (and its shard cycler), the replay
-buffer, the generators of the online loop and the counters. Full checkpoints go to `<run_dir>/checkpoints` every
-`save_interval` steps and when a stop is requested; `--resume` continues from the newest valid one. Params-only
-`params_<step>.pkl` files are written beside them for notebooks.
+A run trains one seed or several (`--seeds`). Several seeds are one program: the agents are a vmapped
+`training.seeds.SeedGroup`, updated and sampled together, while each seed keeps on the host what a run of that seed
+alone would have (a `Lane`): its data sampling stream over the one shared offline dataset, environments, action
+queue, replay buffer, logs and checkpoints, in its own run directory.
+
+The trainer owns everything it checkpoints: the agents, the offline dataset (and its shard cycler), the replay
+buffers, the generators of the online loop and the counters. Full checkpoints go to `<run_dir>/checkpoints` every
+`save_interval` steps and when a stop is requested, one per seed; `--resume` continues all seeds from the newest
+step every seed has. Params-only `params_<step>.pkl` files are written beside them for notebooks.
 """
 
+import dataclasses
 import os
 import pickle
 import time
 
-import flax
 import jax
 import numpy as np
 import tqdm
 
 from envs.env_state import get_env_state
-from envs.env_utils import make_run_envs
+from envs.env_utils import make_run_envs, make_seed_envs
 from evaluation import evaluate, monitor_stats
 from log_utils import Loggers, drop_rows_after, get_exp_name, save_flags, setup_wandb
-from training.actor import OnlineActor, episode_row
+from training.actor import OnlineActor, episode_row, policy_actions
 from training.data import (
     ChunkSampler,
     make_replay_buffer,
@@ -32,6 +37,7 @@ from training.data import (
     sparsify_rewards,
 )
 from training.schedule import block_end, every, is_eval_step
+from training.seeds import SeedGroup
 from utils.checkpoints import CheckpointManager, check_disk_space, checkpoint_steps
 from utils.errors import UsageError, UserError
 from utils.flax_utils import save_agent
@@ -48,21 +54,25 @@ class StopTraining(UserError):
     prefix = ''
 
 
-def create_agent(agent_classes, config, seed, dataset):
-    """Builds the agent named by `config.agent_name` from one example transition of `dataset`."""
+def create_agents(agent_classes, config, seeds, dataset, chunk='auto'):
+    """The `SeedGroup` of `seeds` of the agent named by `config.agent_name`, from one example of `dataset`;
+    `chunk` seeds are vmapped together (see `SeedGroup.create`)."""
     name = config.get('agent_name')
     if name not in agent_classes:
         raise UsageError(f'unknown agent_name {name!r} in the agent config; known: {", ".join(sorted(agent_classes))}')
     example = dataset.example()
     try:
-        return agent_classes[name].create(seed, example['observations'], example['actions'], config)
+        return SeedGroup.create(
+            agent_classes[name], seeds, example['observations'], example['actions'], config, chunk=chunk
+        )
     except ValueError as e:
         raise UsageError(str(e)) from e
 
 
-def scalar_info(info):
-    """Python floats of a JAX/NumPy info dict (one device-to-host transfer)."""
-    return {k: float(v) for k, v in jax.device_get(info).items()}
+def seed_infos(info, num_seeds):
+    """Python-float info dicts, one per seed, of a (S,)-leading JAX info dict (one device-to-host transfer)."""
+    host = jax.device_get(info)
+    return [{k: float(v[i]) for k, v in host.items()} for i in range(num_seeds)]
 
 
 def run_dir_for(save_dir, run_group, exp_name):
@@ -77,6 +87,16 @@ def run_dir_for(save_dir, run_group, exp_name):
     return run_dir
 
 
+def seed_exp_names(run):
+    """(base name, one run directory name per seed): `--exp_name` (or a unique name) for one seed, and
+    `<base>_sd<seed>` for each of several."""
+    if run.num_seeds == 1:
+        name = run.exp_name or get_exp_name(run.seed, env_name=run.env_name)
+        return name, [name]
+    base = run.exp_name or get_exp_name('-'.join(map(str, run.seeds)), env_name=run.env_name)
+    return base, [f'{base}_sd{s}' for s in run.seeds]
+
+
 def seconds_since_process_start():
     """Wall-clock age of this process (Linux `/proc`), or None where it cannot be read."""
     try:
@@ -89,6 +109,27 @@ def seconds_since_process_start():
         return None
 
 
+@dataclasses.dataclass
+class Lane:
+    """What one seed of a run owns on the host, exactly what a single-seed run of `run.seed` would own."""
+
+    run: object  # The single-seed `RunConfig` (`run.for_seed`): its seed and flags.json record.
+    exp_name: str
+    run_dir: str
+    env: object
+    eval_envs: list
+    dataset: object  # Shares the arrays of the run's dataset; has its own sampling generator.
+    checkpoints: object = None
+    loggers: object = None
+    wandb_run: object = None
+    resume_state: dict = None
+    replay: object = None  # Made by the online phase.
+
+    @property
+    def seed(self):
+        return self.run.seed
+
+
 class Trainer:
     """One run of a `RunConfig` (see the module docstring); `agent_classes` maps `agent_name` to agent classes."""
 
@@ -97,48 +138,81 @@ class Trainer:
         self.startup = {'imports': seconds_since_process_start()}  # Seconds per start-up stage, for the summary.
         clock = time.perf_counter()
         group_dir = run_dir_for(run.save_dir, run.run_group, '')  # Fails early on an unwritable save_dir.
-        self.exp_name = run.exp_name or get_exp_name(run.seed, env_name=run.env_name)
-        self.run_dir = os.path.join(group_dir, self.exp_name)
-        checkpoint_dir = os.path.join(self.run_dir, 'checkpoints')
-        if not run.resume and checkpoint_steps(checkpoint_dir):
-            raise UsageError(
-                f'{self.run_dir} already holds checkpoints; add --resume to continue it, or pick another --exp_name'
-            )
+        self.exp_name, names = seed_exp_names(run)
+        if not run.resume:
+            for name in names:
+                if checkpoint_steps(os.path.join(group_dir, name, 'checkpoints')):
+                    raise UsageError(
+                        f'{os.path.join(group_dir, name)} already holds checkpoints; add --resume to continue it, '
+                        'or pick another --exp_name'
+                    )
 
+        num_eval_envs = max(1, min(run.eval_envs, run.eval_episodes + run.video_episodes))
         envs = make_run_envs(
             run.env_name,
             dataset_dir=run.dataset_dir,
             ogbench_dataset_dir=run.ogbench_dataset_dir,
             seed=run.seed,
             frame_stack=run.frame_stack,
-            num_eval_envs=max(1, min(run.eval_envs, run.eval_episodes + run.video_episodes)),
+            num_eval_envs=num_eval_envs,
         )
-        self.env, self.eval_envs, self.shards = envs.env, envs.eval_envs, envs.shards
-        check_dataset_matches_env(envs.train_dataset, self.env, frame_stack=run.frame_stack)
-        self.dataset = self._process(envs.train_dataset)
+        self.shards = envs.shards
+        check_dataset_matches_env(envs.train_dataset, envs.env, frame_stack=run.frame_stack)
+        dataset = self._process(envs.train_dataset)
+        self.lanes = []
+        for s, name in zip(run.seeds, names, strict=True):
+            if s == run.seed:
+                env, eval_envs, lane_dataset = envs.env, envs.eval_envs, dataset
+            else:
+                env, eval_envs = make_seed_envs(
+                    run.env_name, s, num_eval_envs=num_eval_envs, dataset_dir=run.dataset_dir,
+                    frame_stack=run.frame_stack,
+                )  # fmt: skip
+                lane_dataset = dataset.copy()  # Same arrays, own generator seeded like `--seed=s` alone.
+                lane_dataset.seed(s)
+            self.lanes.append(Lane(run.for_seed(s), name, os.path.join(group_dir, name), env, eval_envs, lane_dataset))
         self.startup['envs and data'] = time.perf_counter() - clock
         clock = time.perf_counter()
-        self.agent = create_agent(agent_classes, run.agent, run.seed, self.dataset)
+        self.agents = create_agents(agent_classes, run.agent, run.seeds, dataset, chunk=run.seed_chunk or 'auto')
         self.startup['agent'] = time.perf_counter() - clock
-        self.action_dim = self.dataset['actions'].shape[-1]
-        self.replay = None  # Made by the online phase, from the dataset as it is then (the last shard).
+        self.action_dim = dataset['actions'].shape[-1]
 
         self.log_step = 0
         self.postfix = {}
         self.phase_times = {}
-        self.resume_state = None
+        self.resumed_phase = None
         self._created = time.perf_counter()
-        # The run directory is made only once everything above was accepted.
+        # The run directories are made only once everything above was accepted.
         self._check_disk()
-        self.checkpoints = CheckpointManager(checkpoint_dir, keep=run.keep_checkpoints)
+        for lane in self.lanes:
+            lane.checkpoints = CheckpointManager(os.path.join(lane.run_dir, 'checkpoints'), keep=run.keep_checkpoints)
         if run.resume:
-            loaded = self.checkpoints.load_latest()
-            if loaded is None:
-                print(f'No checkpoint in {checkpoint_dir}; starting {self.exp_name} from scratch.', flush=True)
-            else:
-                self._restore(loaded[0])
-        self._open_logs()
+            self._resume()
+        for lane in self.lanes:
+            self._open_logs(lane)
         self.stop = StopRequest(max_runtime=run.max_runtime or None)
+
+    # Single-seed views, for tests and notebooks.
+
+    @property
+    def agent(self):
+        """The first seed's agent."""
+        return self.agents.agent(0)
+
+    @property
+    def dataset(self):
+        """The first seed's offline dataset."""
+        return self.lanes[0].dataset
+
+    @property
+    def replay(self):
+        """The first seed's replay buffer (None before the online phase)."""
+        return self.lanes[0].replay
+
+    @property
+    def run_dir(self):
+        """The first seed's run directory."""
+        return self.lanes[0].run_dir
 
     def _process(self, dataset):
         run = self.run
@@ -147,113 +221,159 @@ class Trainer:
         )
 
     def _check_disk(self):
-        """Refuses to start when the disk cannot hold `keep + 1` checkpoints (agent, plus a full replay buffer when
-        there is an online phase)."""
-        per_checkpoint = sum(np.asarray(x).nbytes for x in jax.tree_util.tree_leaves(self.agent))
+        """Refuses to start when the disk cannot hold `keep + 1` checkpoints of every seed (agent, plus the online
+        part of a replay buffer when there is an online phase)."""
+        per_seed = sum(np.asarray(x).nbytes for x in jax.tree_util.tree_leaves(self.agents.agents))
+        per_seed //= self.agents.num_seeds
         if self.run.online_steps > 0:
-            per_checkpoint += self.dataset.transition_nbytes() * replay_capacity(self.run, self.dataset)
-        check_disk_space(self.run_dir, (self.run.keep_checkpoints + 1) * per_checkpoint, 'checkpoints')
+            rows = min(replay_capacity(self.run, self.dataset), self.run.online_steps + self.dataset.size)
+            per_seed += self.dataset.transition_nbytes() * rows
+        needed = (self.run.keep_checkpoints + 1) * per_seed * self.agents.num_seeds
+        check_disk_space(self.lanes[0].run_dir, needed, 'checkpoints')
 
-    def _open_logs(self):
-        run_dir_for(self.run_dir, '', '')
-        save_flags(self.run_dir, self.run.flag_record)
-        if self.resume_state is not None:
+    def _open_logs(self, lane):
+        run_dir_for(lane.run_dir, '', '')
+        save_flags(lane.run_dir, lane.run.flag_record)
+        if lane.resume_state is not None:
             # Rows logged after the checkpoint are logged again by the resumed run.
-            for name in os.listdir(self.run_dir):
+            for name in os.listdir(lane.run_dir):
                 if name.endswith('.csv'):
-                    drop_rows_after(os.path.join(self.run_dir, name), self.log_step)
-        run_id = None if self.resume_state is None else self.resume_state.get('wandb_id')
-        self.wandb_run = setup_wandb(
+                    drop_rows_after(os.path.join(lane.run_dir, name), self.log_step)
+        lane.wandb_run = setup_wandb(
             project='qc',
             group=self.run.run_group,
-            name=self.exp_name,
-            config=self.run.flag_record,
-            dir=self.run_dir,
-            run_id=run_id,
+            name=lane.exp_name,
+            config=lane.run.flag_record,
+            dir=lane.run_dir,
+            run_id=None if lane.resume_state is None else lane.resume_state.get('wandb_id'),
+            several=self.run.num_seeds > 1,
         )
-        self.loggers = Loggers(self.run_dir, wandb_run=self.wandb_run)
+        lane.loggers = Loggers(lane.run_dir, wandb_run=lane.wandb_run)
 
-    def _restore(self, state):
-        """Restores what every phase shares; the online phase restores its own part from `resume_state`."""
-        self.resume_state = state
-        self.agent = flax.serialization.from_state_dict(self.agent, state['agent'])
-        self.log_step = state['log_step']
-        self.phase_times = dict(state['phase_times'])
-        if self.shards is not None and state.get('shard_index') is not None:
-            self.dataset = self._process(self.shards.seek(state['shard_index']))
-        self.dataset.rng.bit_generator.state = state['dataset_rng']
-        print(f'Resuming {self.exp_name} at step {self.log_step} ({state["phase"]} phase).', flush=True)
+    def _resume(self):
+        """Loads every seed's checkpoint at the newest step all seeds have (a kill between two seeds' files leaves
+        some seeds one checkpoint ahead)."""
+        loaded = [lane.checkpoints.load_latest() for lane in self.lanes]
+        missing = [lane for lane, state in zip(self.lanes, loaded, strict=True) if state is None]
+        if len(missing) == len(self.lanes):
+            print(f'No checkpoint in {self.lanes[0].checkpoints.directory}; starting {self.exp_name} from scratch.')
+            return
+        if missing:
+            raise UsageError(
+                f'seed {missing[0].seed} has no checkpoint in {missing[0].checkpoints.directory} while other seeds '
+                'do; resume with the same --seeds as the interrupted run'
+            )
+        step = min(s for _, s in loaded)
+        states = []
+        for lane, (state, lane_step) in zip(self.lanes, loaded, strict=True):
+            if lane_step > step:
+                state, _ = lane.checkpoints.load_latest(max_step=step)
+            states.append(state)
+        self._restore(states)
+
+    def _restore(self, states):
+        """Restores what every phase shares; the online phase restores its own part from each lane's state."""
+        self.agents.load_state_dicts([s['agent'] for s in states])
+        first = states[0]
+        self.log_step = first['log_step']
+        self.phase_times = dict(first['phase_times'])
+        self.resumed_phase = (first['phase'], first['phase_step'])
+        for lane, state in zip(self.lanes, states, strict=True):
+            lane.resume_state = state
+            if self.shards is not None and state.get('shard_index') is not None:
+                lane.dataset = self._process(self.shards.seek(state['shard_index']))
+            lane.dataset.rng.bit_generator.state = state['dataset_rng']
+        print(f'Resuming {self.exp_name} at step {self.log_step} ({first["phase"]} phase).', flush=True)
 
     def _resume_point(self, phase):
         """Steps of `phase` already done: 0 for a fresh phase, None for one a resumed run has already finished."""
-        state = self.resume_state
-        if state is None:
+        if self.resumed_phase is None:
             return 0
-        if state['phase'] == phase:
-            return state['phase_step']
+        resumed, step = self.resumed_phase
+        if resumed == phase:
+            return step
         order = ('offline', 'online')
-        return None if order.index(state['phase']) > order.index(phase) else 0
+        return None if order.index(resumed) > order.index(phase) else 0
+
+    def check_finite(self, infos=None, params=False):
+        """Stops the run, naming the seed, when a seed's info (or parameters, with `params`) holds NaN/inf."""
+        several = self.agents.num_seeds > 1
+        for i, lane in enumerate(self.lanes):
+            lane_params = self.agents.agent(i).network.params if params else None
+            check_finite(
+                {} if infos is None else infos[i], self.log_step, params=lane_params,
+                last_checkpoint=lane.checkpoints.last_path, seed=lane.seed if several else None,
+            )  # fmt: skip
 
     def save_checkpoint(self, phase, step, online=None):
-        """Writes a full checkpoint at the end of `step` of `phase`; `online` holds the online loop's state."""
+        """Writes every seed's full checkpoint at the end of `step` of `phase`; `online[i]` holds seed i's online
+        loop state. Old checkpoints are pruned only once every seed's new one is on disk."""
         # Never write non-finite parameters: the previous checkpoint stays the last good one.
-        check_finite({}, self.log_step, params=self.agent.network.params, last_checkpoint=self.checkpoints.last_path)
-        state = dict(
-            phase=phase,
-            phase_step=step,
-            log_step=self.log_step,
-            agent=jax.device_get(flax.serialization.to_state_dict(self.agent)),
-            dataset_rng=self.dataset.rng.bit_generator.state,
-            shard_index=None if self.shards is None else self.shards.index,
-            phase_times=dict(self.phase_times),
-            wandb_id=None if self.wandb_run is None else self.wandb_run.id,
-            online=online,
-        )
-        return self.checkpoints.save(state, self.log_step)
+        self.check_finite(params=True)
+        agent_states = self.agents.state_dicts()
+        for i, lane in enumerate(self.lanes):
+            state = dict(
+                phase=phase,
+                phase_step=step,
+                log_step=self.log_step,
+                agent=agent_states[i],
+                dataset_rng=lane.dataset.rng.bit_generator.state,
+                shard_index=None if self.shards is None else self.shards.index,
+                phase_times=dict(self.phase_times),
+                wandb_id=None if lane.wandb_run is None else lane.wandb_run.id,
+                online=None if online is None else online[i],
+            )
+            lane.checkpoints.save(state, self.log_step, prune=False)
+        for lane in self.lanes:
+            lane.checkpoints.prune()
 
     def evaluate(self):
-        """Evaluates the current agent (seeds fixed per run, independent of the step) and logs `eval`."""
+        """Evaluates every seed's current agent (reset seeds fixed per seed, independent of the step); logs `eval`."""
         run = self.run
-        stats, _, renders = evaluate(
-            self.agent,
-            self.eval_envs[0],
-            self.action_dim,
-            num_eval_episodes=run.eval_episodes,
-            num_video_episodes=run.video_episodes,
-            video_frame_skip=run.video_frame_skip,
-            seed=run.seed * 100_000,
-            record_trajectories=False,
-            envs=self.eval_envs if len(self.eval_envs) > 1 else None,
-        )
-        self.loggers.log('eval', stats, self.log_step)
-        if renders:
-            self.loggers.log_video('eval', renders, self.log_step)
-        self.postfix['eval_success'] = stats.get('success', float('nan'))
-        return stats
+        successes = []
+        for i, lane in enumerate(self.lanes):
+            stats, _, renders = evaluate(
+                self.agents.agent(i),
+                lane.eval_envs[0],
+                self.action_dim,
+                num_eval_episodes=run.eval_episodes,
+                num_video_episodes=run.video_episodes,
+                video_frame_skip=run.video_frame_skip,
+                seed=lane.seed * 100_000,
+                record_trajectories=False,
+                envs=lane.eval_envs if len(lane.eval_envs) > 1 else None,
+            )
+            lane.loggers.log('eval', stats, self.log_step)
+            if renders:
+                lane.loggers.log_video('eval', renders, self.log_step)
+            successes.append(stats.get('success', float('nan')))
+        self.postfix['eval_success'] = float(np.mean(successes))
 
     def _first_update_done(self):
         if 'first update' not in self.startup:
             self.startup['first update'] = time.perf_counter() - self._created
 
-    def _after_step(self, phase, i, last_step, info, phase_start, bar, online_state=None):
-        """Logging, evaluation, checkpoints and stop requests at the end of step `i` of `phase`.
+    def _after_step(self, phase, i, last_step, infos, phase_start, bar, online_state=None):
+        """Logging, evaluation, checkpoints and stop requests at the end of step `i` of `phase`; `infos` holds one
+        float info dict per seed (or None on steps without an update).
 
         The checkpoint comes last, so everything a step logs is on disk before a checkpoint says the step is done.
         """
         run = self.run
-        if info is not None and every(i, run.log_interval):
-            info = scalar_info(info)
-            check_finite(info, self.log_step, last_checkpoint=self.checkpoints.last_path)
-            info['time/total'] = time.time() - phase_start
-            self.loggers.log(f'{phase}_agent', info, self.log_step)
-            self.postfix.update(critic=info.get('critic/critic_loss'), actor=info.get('actor/actor_loss'))
+        if infos is not None and every(i, run.log_interval):
+            elapsed = time.time() - phase_start
+            for lane, info in zip(self.lanes, infos, strict=True):
+                lane.loggers.log(f'{phase}_agent', dict(info, **{'time/total': elapsed}), self.log_step)
+            for key, name in (('critic/critic_loss', 'critic'), ('actor/actor_loss', 'actor')):
+                self.postfix[name] = float(np.mean([info.get(key, np.nan) for info in infos]))
             bar.set_postfix(self.postfix, refresh=False)
         if is_eval_step(i, last_step, run.eval_interval):
             self.evaluate()
             bar.set_postfix(self.postfix, refresh=False)
         stopping = self.stop.should_stop()
         if every(i, run.save_interval):
-            save_agent(self.agent, self.run_dir, self.log_step)
+            for j, lane in enumerate(self.lanes):
+                save_agent(self.agents.agent(j), lane.run_dir, self.log_step)
         if every(i, run.save_interval) or stopping:
             self.phase_times[f'{phase}_time'] = time.time() - phase_start
             self.save_checkpoint(phase, i, online=online_state() if online_state else None)
@@ -283,10 +403,13 @@ class Trainer:
         if i is None:
             return
         phase_start = time.time() - self.phase_times.get('offline_time', 0.0)
-        sampler = ChunkSampler([('data', self.dataset, run.batch_size)], run.horizon_length, run.discount)
+        samplers = [
+            ChunkSampler([('data', lane.dataset, run.batch_size)], run.horizon_length, run.discount)
+            for lane in self.lanes
+        ]
         # Cap the pre-sampled block so its host copy stays small (image observations): a chunk holds the first
         # observation and the H next observations, besides the smaller fields.
-        chunk_bytes = (run.horizon_length + 1) * self.dataset.transition_nbytes()
+        chunk_bytes = (run.horizon_length + 1) * self.dataset.transition_nbytes() * run.num_seeds
         max_block = max(1, min(run.fused_steps, FUSED_BLOCK_BYTES // (chunk_bytes * run.batch_size)))
         replace_interval = run.dataset_replace_interval if self.shards is not None else 0
         bar = tqdm.tqdm(
@@ -295,8 +418,9 @@ class Trainer:
         try:
             while i < run.offline_steps:
                 if every(i + 1, replace_interval):
-                    self.dataset = self._process(self.shards.next())
-                    sampler.set_source('data', self.dataset)
+                    # Shards come with one seed only (`validate`).
+                    self.lanes[0].dataset = self._process(self.shards.next())
+                    samplers[0].set_source('data', self.lanes[0].dataset)
                 end = block_end(
                     i,
                     max_block,
@@ -304,69 +428,79 @@ class Trainer:
                     (run.log_interval, run.save_interval, run.eval_interval),
                     before=(replace_interval,),
                 )
-                batch = sampler.sample_block(end - i)  # (U, B, ...)
+                batches = [sampler.sample_block(end - i) for sampler in samplers]  # S x (U, B, ...)
                 if max_block == 1:
-                    self.agent, info = self.agent.update({k: v[0] for k, v in batch.items()})
+                    info = self.agents.update([{k: v[0] for k, v in batch.items()} for batch in batches])
                 else:
-                    self.agent, info = self.agent.batch_update(batch)
+                    info = self.agents.batch_update(batches)
                 self.log_step += end - i
                 bar.update(end - i)
                 i = end
                 # One small transfer per block: a NaN stops the run before it reaches a log row or a checkpoint.
-                info = scalar_info(info)
+                infos = seed_infos(info, run.num_seeds)
                 self._first_update_done()
-                check_finite(info, self.log_step, last_checkpoint=self.checkpoints.last_path)
-                self._after_step('offline', i, run.offline_steps, info, phase_start, bar)
+                self.check_finite(infos)
+                self._after_step('offline', i, run.offline_steps, infos, phase_start, bar)
         finally:
             bar.close()
         self.phase_times['offline_time'] = time.time() - phase_start
 
     def online_phase(self):
-        """`online_steps` environment steps with open-loop chunks, adding every transition to the replay buffer.
+        """`online_steps` environment steps with open-loop chunks, adding every transition to the replay buffers.
 
-        From `start_training` on, each step runs `utd_ratio` updates fused in one `batch_update` on a
-        (utd_ratio, batch_size, ...) batch of the chunk sampler (replay only, or data and replay, per the preset).
-        The first `run.random_steps` steps take uniform random actions. A resumed run restores the buffer and
-        generators and starts a new episode.
+        The seeds' environments step in lockstep: one batched policy call for the seeds whose action queue is
+        empty, then one step of every environment. From `start_training` on, each step runs `utd_ratio` updates
+        per seed fused in one `batch_update` on (utd_ratio, batch_size, ...) batches of each seed's chunk sampler
+        (replay only, or data and replay, per the preset). The first `run.random_steps` steps take uniform random
+        actions. A resumed run restores the buffers and generators and starts new episodes.
         """
         run = self.run
         start = self._resume_point('online')
         if start is None:
             return
-        self.replay = make_replay_buffer(run, self.dataset)
         data_count, replay_count = source_counts(run.batch_size, run.preset.online_data_fraction)
-        sampler = ChunkSampler(
-            [('data', self.dataset, data_count), ('replay', self.replay, replay_count)],
-            run.horizon_length,
-            run.discount,
-        )
-        actor = OnlineActor(
-            self.env,
-            self.action_dim,
-            seed=run.seed,
-            reward_fn=sparsify_rewards if run.sparse else None,
-            state_fn=get_env_state if run.save_all_online_states else None,
-            frame_dim=self.dataset['observations'].shape[-1] if run.frame_stack else None,
-        )
-        action_rng = np.random.default_rng(run.seed)
-        finished_episodes = []  # `monitor_stats` of the episodes since the last `env` log row.
-        states = dict(steps=[], qpos=[], qvel=[], button_states=[])
-        if start > 0:
-            saved = self.resume_state['online']
-            self.replay.load_state(saved['buffer'])
-            actor.rng = jax.numpy.asarray(saved['actor_rng'])
-            action_rng.bit_generator.state = saved['action_rng']
-            finished_episodes = list(saved['finished_episodes'])
-            states = {k: list(v) for k, v in saved['states'].items()}
+        samplers, actors, action_rngs = [], [], []
+        finished = [[] for _ in self.lanes]  # `monitor_stats` of each seed's episodes since its last `env` row.
+        states = [dict(steps=[], qpos=[], qvel=[], button_states=[]) for _ in self.lanes]
+        for j, lane in enumerate(self.lanes):
+            lane.replay = make_replay_buffer(run, lane.dataset, seed=lane.seed)
+            samplers.append(
+                ChunkSampler(
+                    [('data', lane.dataset, data_count), ('replay', lane.replay, replay_count)],
+                    run.horizon_length,
+                    run.discount,
+                )
+            )
+            actors.append(
+                OnlineActor(
+                    lane.env,
+                    self.action_dim,
+                    seed=lane.seed,
+                    reward_fn=sparsify_rewards if run.sparse else None,
+                    state_fn=get_env_state if run.save_all_online_states else None,
+                    frame_dim=self.dataset['observations'].shape[-1] if run.frame_stack else None,
+                )
+            )
+            action_rngs.append(np.random.default_rng(lane.seed))
+            if start > 0:
+                saved = lane.resume_state['online']
+                lane.replay.load_state(saved['buffer'])
+                actors[j].rng = jax.numpy.asarray(saved['actor_rng'])
+                action_rngs[j].bit_generator.state = saved['action_rng']
+                finished[j] = list(saved['finished_episodes'])
+                states[j] = {k: list(v) for k, v in saved['states'].items()}
 
         def online_state():
-            return dict(
-                buffer=self.replay.state_dict(),
-                actor_rng=np.asarray(actor.rng),
-                action_rng=action_rng.bit_generator.state,
-                finished_episodes=list(finished_episodes),
-                states=states,
-            )
+            return [
+                dict(
+                    buffer=lane.replay.state_dict(),
+                    actor_rng=np.asarray(actors[j].rng),
+                    action_rng=action_rngs[j].bit_generator.state,
+                    finished_episodes=list(finished[j]),
+                    states=states[j],
+                )
+                for j, lane in enumerate(self.lanes)
+            ]
 
         phase_start = time.time() - self.phase_times.get('online_time', 0.0)
         bar = tqdm.trange(
@@ -376,32 +510,39 @@ class Trainer:
         try:
             for i in bar:
                 self.log_step += 1
-                action = actor.random_action(action_rng) if i <= run.random_steps else None
-                transition, info, done = actor.step(self.agent, action=action)
-                self.replay.add_transition(transition)
-                if run.save_all_online_states:
-                    states['steps'].append(i)
-                    for key, value in actor.last_state.items():
-                        states[key].append(value)
-                if done:
-                    finished_episodes.append(monitor_stats(info))
-                if finished_episodes and every(i, run.log_interval):
-                    self.loggers.log('env', episode_row(finished_episodes), self.log_step)
-                    finished_episodes = []
-                update_info = None
+                if i <= run.random_steps:
+                    actions = [actor.random_action(rng) for actor, rng in zip(actors, action_rngs, strict=True)]
+                else:
+                    actions = policy_actions(actors, self.agents)
+                for j, lane in enumerate(self.lanes):
+                    transition, info, done = actors[j].step(action=actions[j])
+                    lane.replay.add_transition(transition)
+                    if run.save_all_online_states:
+                        states[j]['steps'].append(i)
+                        for key, value in actors[j].last_state.items():
+                            states[j][key].append(value)
+                    if done:
+                        finished[j].append(monitor_stats(info))
+                    if finished[j] and every(i, run.log_interval):
+                        lane.loggers.log('env', episode_row(finished[j]), self.log_step)
+                        finished[j] = []
+                infos = None
                 if i >= run.start_training:
-                    self.agent, update_info = self.agent.batch_update(sampler.sample(run.utd_ratio))
+                    info = self.agents.batch_update([sampler.sample(run.utd_ratio) for sampler in samplers])
                     self._first_update_done()
-                self._after_step(
-                    'online', i, run.online_steps, update_info, phase_start, bar, online_state=online_state
-                )
+                    if every(i, run.log_interval):
+                        infos = seed_infos(info, run.num_seeds)
+                        self.check_finite(infos)
+                self._after_step('online', i, run.online_steps, infos, phase_start, bar, online_state=online_state)
         finally:
             bar.close()
         self.phase_times['online_time'] = time.time() - phase_start
-        if run.save_all_online_states and states['steps']:
-            data = {k: np.stack(v) for k, v in states.items() if v}
-            data.update(self.phase_times)
-            atomic_write_bytes(os.path.join(self.run_dir, 'data.pkl'), pickle.dumps(data))
+        if run.save_all_online_states:
+            for lane, lane_states in zip(self.lanes, states, strict=True):
+                if lane_states['steps']:
+                    data = {k: np.stack(v) for k, v in lane_states.items() if v}
+                    data.update(self.phase_times)
+                    atomic_write_bytes(os.path.join(lane.run_dir, 'data.pkl'), pickle.dumps(data))
 
     def startup_line(self):
         """Where start-up time went, e.g. 'start-up: imports 4.1 s, envs and data 1.2 s, agent 0.8 s, ...'."""
@@ -409,12 +550,14 @@ class Trainer:
         return 'start-up: ' + ', '.join(parts)
 
     def finish(self, quiet=False):
-        """Closes the logs, wandb and the signal handlers; says where the run is and where start-up time went."""
+        """Closes the logs, wandb and the signal handlers; says where the runs are and where start-up time went."""
         self.stop.close()
-        self.loggers.close()
-        if self.wandb_run is not None:
-            self.wandb_run.finish()
-            self.wandb_run = None
+        for lane in self.lanes:
+            lane.loggers.close()
+            if lane.wandb_run is not None:
+                lane.wandb_run.finish()
+                lane.wandb_run = None
         if not quiet:
             print(self.startup_line(), flush=True)
-            print(f'Run finished: {self.run_dir}', flush=True)
+            for lane in self.lanes:
+                print(f'Run finished: {lane.run_dir}', flush=True)

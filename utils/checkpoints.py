@@ -174,11 +174,12 @@ class CheckpointManager:
         """Steps of the checkpoint files present, oldest first (unverified: a listed file may be corrupt)."""
         return checkpoint_steps(self.directory)
 
-    def save(self, state, step):
+    def save(self, state, step, prune=True):
         """Writes `state` (nested dicts/lists of arrays and python values) as the checkpoint of `step`.
 
         JAX arrays are brought to the host first. Raises `CheckpointError` when the disk is too full. Older
-        checkpoints beyond `keep` are deleted only once the new file is complete. Returns the file's path.
+        checkpoints beyond `keep` are deleted only once the new file is complete (`prune=False`: later, by
+        `prune()`, as a multi-seed run does once every seed has saved). Returns the file's path.
         """
         step = int(step)
         if step < 0:
@@ -205,10 +206,12 @@ class CheckpointManager:
                 ) from e
             raise
         self.last_path = path
-        self._prune()
+        if prune:
+            self.prune()
         return path
 
-    def _prune(self):
+    def prune(self):
+        """Deletes the checkpoints older than the newest `keep` (done by `save` unless told not to)."""
         if self.keep is None:
             return
         for old in self.steps()[: -self.keep]:
@@ -217,13 +220,15 @@ class CheckpointManager:
             except FileNotFoundError:
                 pass
 
-    def load_latest(self):
-        """(state, step) of the newest checkpoint that verifies, or None when none does.
+    def load_latest(self, max_step=None):
+        """(state, step) of the newest checkpoint that verifies (at most `max_step` when given), or None.
 
         A damaged newer file is skipped with a one-line warning naming it, and the previous one is tried. The
         damaged file is renamed to `<name>.corrupt`, out of the rotation, so later saves and pruning ignore it.
         """
         for step in reversed(self.steps()):
+            if max_step is not None and step > max_step:
+                continue
             path = self.path(step)
             try:
                 payload = read_checkpoint_file(path)

@@ -354,3 +354,120 @@ class ReplayBuffer(Dataset):
             self._dict[k][:size] = v
         self.size, self.pointer = size, state['pointer']
         self.rng.bit_generator.state = state['rng']
+
+
+class _PrefixLayout:
+    """Where each physical position of a `PrefixReplayBuffer` lives: the shared prefix, or an online row.
+
+    Online transition k (0-based, in arrival order) sits at physical position (prefix_size + k) % capacity, as in
+    a `ReplayBuffer` that started as a copy of the prefix, and is stored in online row k % online_capacity.
+    """
+
+    def __init__(self, prefix_size, capacity, online_capacity):
+        self.prefix_size = prefix_size
+        self.capacity = capacity
+        self.online_capacity = online_capacity
+        self.count = 0  # Online transitions added so far.
+
+    def locate(self, phys):
+        """(online rows, written): `written` is True where an online transition overwrote the position."""
+        k0 = (phys - self.prefix_size) % self.capacity  # First online transition written at `phys`.
+        written = k0 < self.count
+        latest = k0 + self.capacity * (np.maximum(self.count - 1 - k0, 0) // self.capacity)
+        return latest % self.online_capacity, written
+
+
+class _PrefixColumn:
+    """One field of a `PrefixReplayBuffer`, indexed by physical positions like a storage array."""
+
+    def __init__(self, layout, read_prefix, online):
+        self.layout = layout
+        self.read_prefix = read_prefix  # Physical indices (< prefix_size) -> the prefix's values.
+        self.online = online
+
+    def __len__(self):
+        return self.layout.capacity
+
+    def __getitem__(self, phys):
+        if isinstance(phys, slice):
+            phys = np.arange(self.layout.capacity)[phys]
+        phys = np.asarray(phys)
+        rows, written = self.layout.locate(phys)
+        if written.all():
+            return self.online[rows]
+        out = np.empty(phys.shape + self.online.shape[1:], dtype=self.online.dtype)
+        out[written] = self.online[rows[written]]
+        out[~written] = self.read_prefix(phys[~written])
+        return out
+
+
+class PrefixReplayBuffer(ReplayBuffer):
+    """A replay buffer that starts with a dataset it shares instead of copying (several seeds, one dataset).
+
+    It samples exactly what `ReplayBuffer.create_from_initial_dataset(prefix, capacity)` samples with the same
+    generator: the prefix fills the first positions, new transitions are written after it and, once the ring is
+    full, overwrite the oldest positions. Only the online transitions are stored here (`online_capacity` rows,
+    enough for every step the run takes); the prefix is read in place, so S seeds hold one copy of the dataset.
+    """
+
+    def __init__(self, prefix, capacity, keys, online_capacity=None, frame_stack=None, p_aug=None, seed=None):
+        n = prefix.size
+        if n > capacity:
+            raise ValueError(f'The initial dataset ({n} transitions) does not fit a buffer of capacity {capacity}.')
+        online_capacity = capacity if online_capacity is None else max(1, min(online_capacity, capacity))
+        self.prefix = prefix
+        self.layout = _PrefixLayout(n, capacity, online_capacity)
+        self.online = {}
+        columns = {}
+        for k in keys:
+            example = np.asarray(prefix[k][0]) if k != 'next_observations' else prefix._next_observations(0)
+            # np.zeros memory is only committed as rows are written.
+            self.online[k] = np.zeros((online_capacity, *example.shape), dtype=example.dtype)
+            read = prefix._next_observations if k == 'next_observations' else prefix._dict[k].__getitem__
+            columns[k] = _PrefixColumn(self.layout, read, self.online[k])
+        Dataset.__init__(self, columns, frame_stack=frame_stack, p_aug=p_aug, seed=seed)
+        self.max_size = capacity
+        self.size = n
+        self.pointer = n % capacity
+
+    def transition_nbytes(self):
+        """Bytes of one stored online transition."""
+        return sum(v[0].nbytes for v in self.online.values())
+
+    def nbytes(self):
+        """Bytes of the online rows written so far (the shared prefix is the dataset's)."""
+        rows = min(self.layout.count, self.layout.online_capacity)
+        return rows * self.transition_nbytes()
+
+    def add_transition(self, transition):
+        """Writes one transition after the previous one, overwriting the oldest once the ring is full."""
+        row = self.layout.count % self.layout.online_capacity
+        for k, v in transition.items():
+            self.online[k][row] = v
+        self.layout.count += 1
+        self.pointer = (self.pointer + 1) % self.max_size
+        self.size = min(self.size + 1, self.max_size)
+
+    def clear(self):
+        raise NotImplementedError('a PrefixReplayBuffer always holds its prefix')
+
+    def state_dict(self):
+        """The online transitions, counters and sampling generator state (the prefix is the run's dataset)."""
+        rows = min(self.layout.count, self.layout.online_capacity)
+        return dict(
+            online={k: v[:rows] for k, v in self.online.items()},
+            count=self.layout.count,
+            size=self.size,
+            pointer=self.pointer,
+            rng=self.rng.bit_generator.state,
+        )
+
+    def load_state(self, state):
+        """Restores `state_dict()` output into a buffer built on the same prefix with the same capacities."""
+        rows = len(next(iter(state['online'].values()), ()))
+        if rows > self.layout.online_capacity or set(state['online']) != set(self.online):
+            raise ValueError(f'checkpointed buffer ({rows} online rows) does not fit this buffer')
+        for k, v in state['online'].items():
+            self.online[k][:rows] = v
+        self.layout.count, self.size, self.pointer = state['count'], state['size'], state['pointer']
+        self.rng.bit_generator.state = state['rng']

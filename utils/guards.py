@@ -21,8 +21,9 @@ class NonFiniteError(UserError):
 
     exit_code = 1
 
-    def __init__(self, step, keys, values=None, params_finite=True, last_checkpoint=None):
+    def __init__(self, step, keys, values=None, params_finite=True, last_checkpoint=None, seed=None):
         self.step = step
+        self.seed = seed
         self.keys = list(keys)
         self.params_finite = params_finite
         self.last_checkpoint = last_checkpoint
@@ -33,7 +34,8 @@ class NonFiniteError(UserError):
         where = (
             f'the last good checkpoint is {last_checkpoint}' if last_checkpoint else 'no checkpoint was saved before it'
         )
-        super().__init__(f'non-finite values at step {step}: {", ".join(parts)}; {where}')
+        who = '' if seed is None else f'seed {seed}: '
+        super().__init__(f'{who}non-finite values at step {step}: {", ".join(parts)}; {where}')
 
 
 class DatasetMismatchError(UserError):
@@ -93,14 +95,16 @@ def tree_is_finite(tree):
     return bool(_all_finite(device_leaves)) if device_leaves else True
 
 
-def check_finite(info, step, params=None, last_checkpoint=None):
-    """Raises `NonFiniteError` when a value of `info`, or a leaf of `params` when given, is NaN or infinite."""
+def check_finite(info, step, params=None, last_checkpoint=None, seed=None):
+    """Raises `NonFiniteError` when a value of `info`, or a leaf of `params` when given, is NaN or infinite;
+    `seed` (a multi-seed run) is named in the message."""
     values = non_finite_values(info)
     params_finite = params is None or tree_is_finite(params)
     if values or not params_finite:
         raise NonFiniteError(
-            step, list(values), values=values, params_finite=params_finite, last_checkpoint=last_checkpoint
-        )
+            step, list(values), values=values, params_finite=params_finite, last_checkpoint=last_checkpoint,
+            seed=seed,
+        )  # fmt: skip
 
 
 class StopRequest:

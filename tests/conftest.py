@@ -1,0 +1,19 @@
+"""Suite-wide settings: one persistent JAX compilation cache for the session, shared with driver subprocesses.
+
+Most of the suite's time is compiling small agents, often the same program again (every Trainer and every driver
+subprocess compiles its agent anew). A cache keyed by the compiled program serves repeats from disk; results are
+those of the same compiled code, so nothing a test compares changes.
+"""
+
+import os
+import tempfile
+
+import jax
+
+if 'JAX_COMPILATION_CACHE_DIR' not in os.environ:
+    os.environ['JAX_COMPILATION_CACHE_DIR'] = tempfile.mkdtemp(prefix='qc-jax-cache-')
+    os.environ['JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS'] = '0'
+    os.environ['JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES'] = '0'
+jax.config.update('jax_compilation_cache_dir', os.environ['JAX_COMPILATION_CACHE_DIR'])
+jax.config.update('jax_persistent_cache_min_compile_time_secs', 0)
+jax.config.update('jax_persistent_cache_min_entry_size_bytes', 0)

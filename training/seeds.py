@@ -1,0 +1,132 @@
+"""Several independent seeds of one agent as one program: the agent pytree gets a leading seed axis (S,).
+
+The agent classes stay single-seed; a `SeedGroup` vmaps their `create`, `update`, `batch_update` and
+`sample_actions` over a leading seed axis, so S seeds train as one compiled program (one launch per step instead
+of S processes). Seed `s` of a group starts from exactly the parameters and key that `create(s, ...)` gives alone,
+and each later step agrees with the single-seed agent up to float rounding (vmapped matmuls may be batched
+differently). A group of one seed holds the plain agent and runs the single-seed program unchanged.
+
+Batches and observations go in as one entry per seed; infos come back with a leading (S,) axis on every leaf.
+"""
+
+from functools import partial
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def _stack(trees):
+    return jax.tree_util.tree_map(lambda *xs: np.stack(xs), *trees)
+
+
+def _expand(tree):
+    return jax.tree_util.tree_map(lambda x: x[None], tree)
+
+
+def _over_seeds(fn, chunk, *xs):
+    """`fn` applied to every seed's slice of `xs`: vmapped over all seeds (`chunk` None), or over `chunk` seeds at a
+    time in a loop inside the program (`chunk=1`: one seed after another)."""
+    if chunk is None:
+        return jax.vmap(fn)(*xs)
+    return jax.lax.map(lambda args: fn(*args), xs, batch_size=chunk if chunk > 1 else None)
+
+
+@partial(jax.jit, static_argnames='chunk')
+def _group_update(agents, batch, chunk):
+    return _over_seeds(lambda agent, b: agent.update(b), chunk, agents, batch)
+
+
+@partial(jax.jit, static_argnames='chunk')
+def _group_batch_update(agents, batch, chunk):
+    return _over_seeds(lambda agent, b: agent.batch_update(b), chunk, agents, batch)
+
+
+@partial(jax.jit, static_argnames='chunk')
+def _group_sample_actions(agents, observations, rngs, chunk):
+    return _over_seeds(lambda agent, obs, rng: agent.sample_actions(obs, rng=rng), chunk, agents, observations, rngs)
+
+
+def default_chunk():
+    """Seeds vmapped together by default: all of them on an accelerator, where one wide program fills the device,
+    and one at a time on a CPU, where a vmapped matmul runs slower per seed than S plain ones (benchmarks/RESULTS.md)
+    while one program for all seeds still saves the per-call overhead."""
+    return 1 if jax.default_backend() == 'cpu' else None
+
+
+class SeedGroup:
+    """The agents of `seeds`: one plain agent for one seed, else one agent pytree with a leading (S,) axis."""
+
+    def __init__(self, agents, seeds, chunk=None):
+        self.agents = agents
+        self.seeds = tuple(int(s) for s in seeds)
+        self.chunk = chunk  # Seeds vmapped together (None: all); the rest loop inside the one program.
+
+    @classmethod
+    def create(cls, agent_class, seeds, ex_observations, ex_actions, config, chunk='auto'):
+        """Builds the agents of `seeds`; seed `s` is identical to `agent_class.create(s, ...)`. `chunk`: how many
+        seeds are vmapped together (None: all of them; 1: each seed on its own, one after another, inside the one
+        compiled call; 'auto': `default_chunk()`)."""
+        seeds = tuple(int(s) for s in seeds)
+        chunk = default_chunk() if chunk == 'auto' else chunk
+        if chunk is not None and chunk < 1:
+            raise ValueError(f'chunk must be >= 1 or None, got {chunk}')
+        if len(seeds) == 1:
+            return cls(agent_class.create(seeds[0], ex_observations, ex_actions, config), seeds)
+        stacked = jnp.asarray(np.asarray(seeds, dtype=np.int32))
+        # One compiled initialization for all seeds (vmapped op by op, creation takes several times longer).
+        create = jax.jit(jax.vmap(lambda seed: agent_class.create(seed, ex_observations, ex_actions, config)))
+        agents = create(stacked)
+        return cls(agents, seeds, chunk=None if chunk is None or chunk >= len(seeds) else chunk)
+
+    @property
+    def num_seeds(self):
+        return len(self.seeds)
+
+    @property
+    def stacked(self):
+        """True when the agents carry a seed axis (more than one seed)."""
+        return self.num_seeds > 1
+
+    def update(self, batches):
+        """One update per seed on `batches[i]`; returns the (S,)-leading info."""
+        if not self.stacked:
+            self.agents, info = self.agents.update(batches[0])
+            return _expand(info)
+        self.agents, info = _group_update(self.agents, _stack(batches), chunk=self.chunk)
+        return info
+
+    def batch_update(self, batches):
+        """`U` fused updates per seed, `batches[i]` with (U, B, ...) leaves; info of each seed's last update."""
+        if not self.stacked:
+            self.agents, info = self.agents.batch_update(batches[0])
+            return _expand(info)
+        self.agents, info = _group_batch_update(self.agents, _stack(batches), chunk=self.chunk)
+        return info
+
+    def sample_actions(self, observations, rngs):
+        """Actions of every seed, `observations[i]` with key `rngs[i]`, as one (S, ...) NumPy array."""
+        if not self.stacked:
+            return np.asarray(self.agents.sample_actions(observations[0], rng=rngs[0]))[None]
+        actions = _group_sample_actions(self.agents, _stack(observations), jnp.stack(rngs), chunk=self.chunk)
+        return np.asarray(actions)
+
+    def agent(self, i):
+        """Seed i's agent as an ordinary single-seed agent (evaluation, saving, notebooks)."""
+        if not self.stacked:
+            return self.agents
+        return jax.tree_util.tree_map(lambda x: x[i], self.agents)
+
+    def state_dicts(self):
+        """One host state dict per seed, each what a single-seed run of that seed checkpoints."""
+        return [jax.device_get(flax.serialization.to_state_dict(self.agent(i))) for i in range(self.num_seeds)]
+
+    def load_state_dicts(self, states):
+        """Restores `state_dicts()` output."""
+        agents = [flax.serialization.from_state_dict(self.agent(i), s) for i, s in enumerate(states)]
+        self.agents = agents[0] if not self.stacked else jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *agents)
+
+    def params(self):
+        """The network parameters of all seeds (leading (S,) axis when stacked)."""
+        return self.agents.network.params
