@@ -89,21 +89,21 @@ class SeedGroup:
         """True when the agents carry a seed axis (more than one seed)."""
         return self.num_seeds > 1
 
+    def _updated(self, method, grouped, batches):
+        """Runs `method` of the plain agent (one seed) or `grouped` on the stacked ones; returns the (S,) info."""
+        if not self.stacked:
+            self.agents, info = getattr(self.agents, method)(batches[0])
+            return _expand(info)
+        self.agents, info = grouped(self.agents, _stack(batches), chunk=self.chunk)
+        return info
+
     def update(self, batches):
         """One update per seed on `batches[i]`; returns the (S,)-leading info."""
-        if not self.stacked:
-            self.agents, info = self.agents.update(batches[0])
-            return _expand(info)
-        self.agents, info = _group_update(self.agents, _stack(batches), chunk=self.chunk)
-        return info
+        return self._updated('update', _group_update, batches)
 
     def batch_update(self, batches):
         """`U` fused updates per seed, `batches[i]` with (U, B, ...) leaves; info of each seed's last update."""
-        if not self.stacked:
-            self.agents, info = self.agents.batch_update(batches[0])
-            return _expand(info)
-        self.agents, info = _group_batch_update(self.agents, _stack(batches), chunk=self.chunk)
-        return info
+        return self._updated('batch_update', _group_batch_update, batches)
 
     def sample_actions(self, observations, rngs):
         """Actions of every seed, `observations[i]` with key `rngs[i]`, as one (S, ...) NumPy array."""
@@ -126,7 +126,3 @@ class SeedGroup:
         """Restores `state_dicts()` output."""
         agents = [flax.serialization.from_state_dict(self.agent(i), s) for i, s in enumerate(states)]
         self.agents = agents[0] if not self.stacked else jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *agents)
-
-    def params(self):
-        """The network parameters of all seeds (leading (S,) axis when stacked)."""
-        return self.agents.network.params

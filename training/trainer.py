@@ -226,7 +226,8 @@ class Trainer:
         per_seed = sum(np.asarray(x).nbytes for x in jax.tree_util.tree_leaves(self.agents.agents))
         per_seed //= self.agents.num_seeds
         if self.run.online_steps > 0:
-            rows = min(replay_capacity(self.run, self.dataset), self.run.online_steps + self.dataset.size)
+            # A checkpointed buffer holds the online transitions only (the offline data is the run's dataset).
+            rows = min(replay_capacity(self.run, self.dataset), self.run.online_steps)
             per_seed += self.dataset.transition_nbytes() * rows
         needed = (self.run.keep_checkpoints + 1) * per_seed * self.agents.num_seeds
         check_disk_space(self.lanes[0].run_dir, needed, 'checkpoints')
