@@ -19,7 +19,7 @@ from utils.errors import run_cli
 def parser():
     methods = ', '.join(METHODS)
     p = argparse.ArgumentParser(
-        prog='sweep.py', description=__doc__.split('\n\n')[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog='sweep.py', description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=f'Method presets: {methods}.',
     )  # fmt: skip
     sub = p.add_subparsers(dest='command', required=True)
@@ -39,6 +39,8 @@ def parser():
     slurm.add_argument('--array_parallelism', type=int, default=256, help='array tasks running at once')
     slurm.add_argument('--signal_delay', type=int, default=120,
                        help='seconds before the time limit at which a job is told to checkpoint')  # fmt: skip
+    slurm.add_argument('--max_timeouts', type=int, default=20,
+                       help='times a job that reaches --time is requeued (preemptions do not count)')  # fmt: skip
     status = sub.add_parser('status', help='one line per run: state, last step, last eval success, error')
     status.add_argument('dir')
     table = sub.add_parser('table', help='success at the end of each phase per method x task, with 95%% CIs')
@@ -56,6 +58,7 @@ def main(argv):
         options = SlurmOptions(
             partition=args.partition, gpus=args.gpus, cpus=args.cpus, mem=args.mem, time=args.time,
             account=args.account, array_parallelism=args.array_parallelism, signal_delay=args.signal_delay,
+            max_timeouts=args.max_timeouts,
         )  # fmt: skip
         launch(args.spec, args.dir, args.executor, args.max_parallel, args.runs_per_job, options)
     elif args.command == 'status':

@@ -28,6 +28,7 @@ class SlurmOptions:
     account: str | None = None
     array_parallelism: int = 256  # Array tasks running at once.
     signal_delay: int = 120  # Seconds before the time limit at which SLURM sends the stop signal.
+    max_timeouts: int = 20  # Times a job that reaches its time limit is requeued (preemptions do not count).
 
 
 def read_sweep(sweep_dir):
@@ -137,7 +138,9 @@ def submit_slurm(sweep_dir, argvs, runs_per_job, options):
     """Submits one SLURM array: each task runs `runs_per_job` processes side by side."""
     import submitit
 
-    executor = submitit.SlurmExecutor(folder=os.path.join(sweep_dir, 'submitit', '%j'))
+    executor = submitit.SlurmExecutor(
+        folder=os.path.join(sweep_dir, 'submitit', '%j'), max_num_timeout=options.max_timeouts
+    )
     params = dict(
         job_name=os.path.basename(sweep_dir.rstrip('/')) or 'sweep',
         time=options.time,
