@@ -19,3 +19,9 @@ if ! python3 -c 'import ctypes.util, sys; sys.exit(ctypes.util.find_library("OSM
         echo 'note: libosmesa6 is missing (apt-get install -y libosmesa6 as root) for visual OGBench tasks on CPU' >&2
     fi
 fi
+
+# A single-node SLURM (slurm-wlm + munge) for the sweep tests: installed where apt-get runs as root; elsewhere the
+# SLURM test fails with the reason (the local-executor sweep test needs nothing extra).
+if ! bash scripts/slurm_local.sh install; then
+    echo 'warning: SLURM could not be installed; tests/test_sweep.py::test_slurm_sweep_survives_a_preemption will fail' >&2
+fi

@@ -6,7 +6,7 @@ import os
 from helpers import ROOT
 
 SKIP_DIRS = {'.git', '.library', '__pycache__', 'exp', 'wandb', '.venv', 'venv'}
-UPWARD_FROM_UTILS = ('envs', 'evaluation', 'log_utils', 'training', 'main', 'main_online', 'agents', 'sweep')
+UPWARD_FROM_UTILS = ('envs', 'evaluation', 'log_utils', 'training', 'main', 'main_online', 'agents', 'sweep', 'sweeps')
 
 
 def project_modules():

@@ -56,7 +56,15 @@ def test_offline_then_online_with_utd_and_checkpoints(data_dir, tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     run_dir = only_run_dir(tmp_path)
-    for name in ('offline_agent.csv', 'online_agent.csv', 'eval.csv', 'flags.json', 'params_10.pkl', 'params_22.pkl'):
+    for name in (
+        'offline_agent.csv',
+        'online_agent.csv',
+        'eval.csv',
+        'flags.json',
+        'finished.json',
+        'params_10.pkl',
+        'params_22.pkl',
+    ):
         assert os.path.exists(os.path.join(run_dir, name)), name
 
     offline = read_csv(os.path.join(run_dir, 'offline_agent.csv'))

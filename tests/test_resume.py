@@ -129,6 +129,7 @@ def test_sigterm_writes_a_checkpoint_and_exits_zero_then_online_resume_finishes(
     assert '--resume' in stderr.strip().splitlines()[-1]
     files = checkpoint_files(run_dir)
     assert len(files) == 1
+    assert not os.path.exists(os.path.join(run_dir, 'finished.json'))  # A stopped run is not a finished one.
     with open(files[0], 'rb') as f:
         assert f.read(8) == b'QCCKPT01'
 
@@ -139,6 +140,7 @@ def test_sigterm_writes_a_checkpoint_and_exits_zero_then_online_resume_finishes(
     shorter = [a if not a.startswith('--online_steps') else f'--online_steps={end}' for a in steps]
     resumed = run_driver('main.py', args_for(data_dir, tmp_path, 'term', *shorter, '--resume'))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert os.path.exists(os.path.join(run_dir, 'finished.json'))
     steps_logged = [int(r['step']) for r in read_csv(online_log)]
     assert steps_logged == sorted(set(steps_logged))  # no duplicated rows after the resume
 

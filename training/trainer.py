@@ -15,6 +15,7 @@ step every seed has. Params-only `params_<step>.pkl` files are written beside th
 """
 
 import dataclasses
+import json
 import os
 import pickle
 import time
@@ -44,6 +45,7 @@ from utils.flax_utils import save_agent
 from utils.guards import StopRequest, check_dataset_matches_env, check_finite
 from utils.io_utils import atomic_write_bytes
 
+FINISHED_FILE = 'finished.json'  # Written into each run directory once its run has trained to the end.
 FUSED_BLOCK_BYTES = 256 * 2**20  # Upper bound on the host memory of one block of pre-sampled offline batches.
 
 
@@ -561,4 +563,7 @@ class Trainer:
         if not quiet:
             print(self.startup_line(), flush=True)
             for lane in self.lanes:
+                # The marker sweeps (and users) read to tell a finished run from an interrupted one.
+                record = dict(step=self.log_step, phase_times=self.phase_times, finished_at=time.time())
+                atomic_write_bytes(os.path.join(lane.run_dir, FINISHED_FILE), json.dumps(record).encode())
                 print(f'Run finished: {lane.run_dir}', flush=True)

@@ -33,7 +33,8 @@ def read_csv(path):
     return {k: np.asarray(v, dtype=np.float64) for k, v in columns.items()}
 
 
-def _metric_column(columns, metric):
+def metric_column(columns, metric):
+    """The column of `metric` under any of the names the loggers and the reference use, or None."""
     for candidate in (metric, f'eval/{metric}', f'episode.{metric}', f'eval/episode.{metric}'):
         if candidate in columns:
             return columns[candidate]
@@ -109,7 +110,7 @@ def aggregate_curves(run_dirs, metric, group_by='auto'):
     groups = OrderedDict()
     for run_dir in run_dirs:
         columns = read_csv(os.path.join(run_dir, 'eval.csv'))
-        values = _metric_column(columns, metric)
+        values = metric_column(columns, metric)
         if values is None or 'step' not in columns:
             continue
         key, label, kept = _group_of(run_dir, group_by)

@@ -1,0 +1,272 @@
+"""`sweep.py status` and `sweep.py table`: what every run of a sweep is doing, and the paper-style results.
+
+Both read only files: the sweep's record (`sweep.json`), the drivers' run directories (`flags.json`, the CSV logs,
+`finished.json`) and the job state files; `squeue`, where it exists, tells a queued or running SLURM job from one
+that is gone.
+"""
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+
+import numpy as np
+
+from sweeps import jobs
+from sweeps.spec import RUNS_DIR, Run, group_units
+from training.trainer import FINISHED_FILE
+from utils.errors import UserError
+from utils.plotting import metric_column, read_csv
+
+STATES = ('pending', 'running', 'finished', 'failed')
+BOOTSTRAP_SAMPLES = 10000
+ACTIVE = ('submitted', 'running', 'requeued')
+
+
+def run_dir(sweep_dir, name):
+    return os.path.join(sweep_dir, RUNS_DIR, name)
+
+
+def is_finished(sweep_dir, name):
+    return os.path.isfile(os.path.join(run_dir(sweep_dir, name), FINISHED_FILE))
+
+
+def slurm_queue():
+    """Ids of the jobs SLURM still holds (array tasks one by one), or None where squeue cannot be asked."""
+    if shutil.which('squeue') is None:
+        return None
+    try:
+        out = subprocess.run(['squeue', '-h', '-r', '-o', '%i'], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return set(out.stdout.split()) if out.returncode == 0 else None
+
+
+def _pid_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def unit_active(sweep_dir, unit_name, queue=None):
+    """Whether the unit's process is queued or running now (its SLURM job still in the queue, or its local
+    process alive); `queue` is `slurm_queue()` when the caller already asked."""
+    state = jobs.read_state(sweep_dir, unit_name)
+    if state is None or state['state'] not in ACTIVE:
+        return False
+    if state.get('job'):
+        queue = slurm_queue() if queue is None else queue
+        return True if queue is None else state['job'] in queue
+    if state.get('host') == socket.gethostname() and state.get('pid'):
+        return _pid_alive(state['pid'])
+    return state['state'] == 'running'
+
+
+def _csv(path):
+    try:
+        return read_csv(path)
+    except (OSError, StopIteration):
+        return {}
+
+
+def last_step(path):
+    """The highest step any of a run's CSV logs reached (None before its first row)."""
+    steps = []
+    for name in ('offline_agent.csv', 'online_agent.csv', 'eval.csv', 'env.csv'):
+        columns = _csv(os.path.join(path, name))
+        if len(columns.get('step', ())):
+            steps.append(int(np.nanmax(columns['step'])))
+    return max(steps) if steps else None
+
+
+def eval_curve(path):
+    """(steps, success) of a run's evaluations (empty arrays before the first)."""
+    columns = _csv(os.path.join(path, 'eval.csv'))
+    success = metric_column(columns, 'success')
+    if success is None or 'step' not in columns:
+        return np.zeros(0), np.zeros(0)
+    keep = ~np.isnan(success)
+    return columns['step'][keep], success[keep]
+
+
+def load_sweep(sweep_dir):
+    """(runs, {run name: unit name}) of the sweep recorded in `sweep_dir`."""
+    path = os.path.join(sweep_dir, 'sweep.json')
+    try:
+        with open(path) as f:
+            record = json.load(f)
+    except FileNotFoundError as e:
+        raise UserError(f'{sweep_dir} is not a sweep directory (no sweep.json); launch one with sweep.py launch') from e
+    except (OSError, ValueError) as e:
+        raise UserError(f'{path} cannot be read: {e}') from e
+    runs = [Run(**r) for r in record['runs']]
+    units = group_units(runs, record.get('seeds_per_process', 1))
+    return runs, {run.name: unit.name for unit in units for run in unit.runs}
+
+
+def run_status(sweep_dir, name, unit_name=None, queue=None):
+    """dict(state, step, success, note) of one run; `state` is one of `STATES`."""
+    path = run_dir(sweep_dir, name)
+    steps, success = eval_curve(path)
+    info = dict(step=last_step(path), success=float(success[-1]) if len(success) else None, note='')
+    if is_finished(sweep_dir, name):
+        return dict(info, state='finished')
+    state = jobs.read_state(sweep_dir, unit_name or name)
+    if state is None:
+        return dict(info, state='pending', note='' if info['step'] is None else 'interrupted; launch again')
+    where = f'job {state["job"]}' if state.get('job') else f'pid {state.get("pid")} on {state.get("host")}'
+    if state['state'] == 'failed':
+        return dict(info, state='failed', note=state.get('error') or f'exit status {state.get("returncode")}')
+    if state['state'] in ACTIVE:
+        if unit_active(sweep_dir, unit_name or name, queue=queue):
+            running = state['state'] == 'running'
+            return dict(info, state='running' if running else 'pending', note=where + ('' if running else ' queued'))
+        return dict(info, state='failed', note=f'{where} ended without finishing (killed?); launch again to continue')
+    return dict(info, state='pending', note='stopped with a checkpoint; launch again to continue')
+
+
+def status_lines(sweep_dir):
+    """One line per run (name, state, last step, last evaluation success, note) and a count line."""
+    runs, unit_of = load_sweep(sweep_dir)
+    queue = slurm_queue()
+    rows = [(run.name, run_status(sweep_dir, run.name, unit_of[run.name], queue)) for run in runs]
+    width = max(len('run'), *(len(name) for name, _ in rows))
+    lines = [f'{"run":<{width}}  {"state":<8}  {"step":>9}  {"success":>7}  note']
+    for name, s in rows:
+        step = '-' if s['step'] is None else str(s['step'])
+        success = '-' if s['success'] is None else f'{s["success"]:.3f}'
+        lines.append(f'{name:<{width}}  {s["state"]:<8}  {step:>9}  {success:>7}  {s["note"]}'.rstrip())
+    counts = {state: sum(s['state'] == state for _, s in rows) for state in STATES}
+    lines.append(f'{len(rows)} runs: ' + ', '.join(f'{n} {state}' for state, n in counts.items() if n))
+    return lines
+
+
+def bootstrap_ci(values, rng, samples=BOOTSTRAP_SAMPLES):
+    """(mean, low, high) of 1-D `values`: the mean and its 95% percentile-bootstrap interval (seeds resampled)."""
+    values = np.asarray(values, dtype=np.float64)
+    means = values[rng.integers(0, len(values), size=(samples, len(values)))].mean(axis=1)
+    low, high = np.percentile(means, [2.5, 97.5])
+    return float(values.mean()), float(low), float(high)
+
+
+def phase_ends(path):
+    """{'offline': step, 'online': step} where each phase of a run ends (a phase it does not have is left out)."""
+    try:
+        with open(os.path.join(path, 'flags.json')) as f:
+            flags = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    offline, online = int(flags.get('offline_steps') or 0), int(flags.get('online_steps') or 0)
+    ends = {}
+    if offline > 0:
+        ends['offline'] = offline
+    if online > 0:
+        ends['online'] = offline + online
+    return ends
+
+
+def final_success(path):
+    """{phase: success of the evaluation at the end of that phase} of a run (phases not reached are left out)."""
+    steps, success = eval_curve(path)
+    values = {}
+    for phase, end in phase_ends(path).items():
+        hit = np.flatnonzero(steps == end)
+        if len(hit):
+            values[phase] = float(success[hit[-1]])
+    return values
+
+
+def _cell(values, rng, seeds):
+    if not values:
+        return '-'
+    mean, low, high = bootstrap_ci(np.array(values) * 100, rng)
+    return f'{mean:.1f} [{low:.1f}, {high:.1f}]' + (f' (n={len(values)})' if len(values) < seeds else '')
+
+
+def results(sweep_dir):
+    """{(env, method): {'offline': [success per seed], 'online': [...], 'seeds': n, 'curves': [(steps, success,
+    offline steps)]}} in SPEC order."""
+    runs, _ = load_sweep(sweep_dir)
+    table = {}
+    for run in runs:
+        entry = table.setdefault((run.env, run.method), dict(offline=[], online=[], curves=[], seeds=0))
+        path = run_dir(sweep_dir, run.name)
+        values = final_success(path)
+        for phase, value in values.items():
+            entry[phase].append(value)
+        if values:
+            entry['seeds'] += 1
+        steps, success = eval_curve(path)
+        if len(steps):
+            entry['curves'].append((steps, success, phase_ends(path).get('offline', 0)))
+    return table
+
+
+def table_markdown(sweep_dir, seed=0):
+    """The paper-style table: success (%) at the end of the offline and of the online phase per task x method,
+    mean over seeds with a 95% bootstrap interval, and the number of seeds."""
+    rng = np.random.default_rng(seed)
+    lines = [
+        '| task | method | seeds | offline end (%) | online end (%) |',
+        '|---|---|---:|---|---|',
+    ]
+    for (env, method), entry in results(sweep_dir).items():
+        seeds = entry['seeds']
+        offline, online = _cell(entry['offline'], rng, seeds), _cell(entry['online'], rng, seeds)
+        lines.append(f'| {env} | {method} | {seeds} | {offline} | {online} |')
+    lines.append('')
+    lines.append(f'Mean over seeds [95% bootstrap interval, {BOOTSTRAP_SAMPLES} resamples]; (n=k): only k seeds '
+                 'reached that point.')  # fmt: skip
+    return '\n'.join(lines)
+
+
+def plot_tasks(sweep_dir, out_dir, seed=0):
+    """One learning-curve PNG per task: every method's seed mean with its 95% bootstrap band, steps counted from
+    the start of the online phase (the offline phase is negative), the boundary marked. Returns the paths."""
+    import matplotlib
+
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+
+    rng = np.random.default_rng(seed)
+    os.makedirs(out_dir, exist_ok=True)
+    by_env = {}
+    for (env, method), entry in results(sweep_dir).items():
+        if entry['curves']:
+            by_env.setdefault(env, []).append((method, entry['curves']))
+    paths = []
+    for env, methods in by_env.items():
+        fig, ax = plt.subplots(figsize=(7, 4))
+        any_offline = False
+        for method, curves in methods:
+            per_step = {}
+            for steps, success, offline in curves:
+                any_offline |= offline > 0
+                for s, v in zip(steps - offline, success, strict=True):
+                    per_step.setdefault(float(s), []).append(v)
+            xs = np.array(sorted(per_step))
+            stats = [bootstrap_ci(per_step[x], rng) for x in xs]
+            mean, low, high = (np.array(col) for col in zip(*stats, strict=True))
+            (line,) = ax.plot(xs, mean, marker='o', markersize=3, label=f'{method} ({len(curves)} seeds)')
+            ax.fill_between(xs, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
+        if any_offline:
+            ax.axvline(0, color='gray', linestyle='--', linewidth=1)
+            for label, align in (('offline  ', 'right'), ('  online', 'left')):
+                ax.text(0, 0.97, label, transform=ax.get_xaxis_transform(), ha=align, va='top', color='gray')
+        ax.set_ylim(-0.02, 1.02)
+        ax.set_xlabel('step (0: start of online phase)')
+        ax.set_ylabel('evaluation success')
+        ax.set_title(env)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        path = os.path.join(out_dir, f'{env.replace("/", "+")}.png')
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        paths.append(path)
+    return paths
