@@ -150,3 +150,13 @@ def dataset_from_arrays(**fields):
         v = np.asarray(v)
         out[k] = v if (k in ('observations', 'next_observations') and v.dtype == np.uint8) else v.astype(np.float32)
     return Dataset.create(**out)
+
+
+def describe_error(e):
+    """`Type: message` of an exception, also for exceptions whose `str()` fails (PyOpenGL's EGL errors)."""
+    try:
+        text = str(e)
+    except Exception:
+        text = ''
+    text = ' '.join(text.split())[:300]
+    return f'{type(e).__name__}: {text}' if text else type(e).__name__

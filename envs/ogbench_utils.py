@@ -14,7 +14,7 @@ import re
 
 import numpy as np
 
-from envs.common import EnvError, clip_actions, dataset_from_arrays
+from envs.common import EnvError, clip_actions, dataset_from_arrays, describe_error
 
 DEFAULT_DATASET_DIR = '~/.ogbench/data'
 _NAME_RE = re.compile(
@@ -48,16 +48,6 @@ def split_name(env_name):
     gym_id = f'{visual}{m["env"]}-singletask{task}-{m["version"]}'
     dataset_name = f'{visual}{m["env"]}-{m["type"]}-{m["version"]}'
     return gym_id, dataset_name
-
-
-def describe_error(e):
-    """`Type: message` of an exception, also for exceptions whose `str()` fails (PyOpenGL's EGL errors)."""
-    try:
-        text = str(e)
-    except Exception:
-        text = ''
-    text = ' '.join(text.split())[:300]
-    return f'{type(e).__name__}: {text}' if text else type(e).__name__
 
 
 def make_rendering_env(make, gym_id):

@@ -24,8 +24,10 @@ import jax
 import numpy as np
 import tqdm
 
+from envs.common import describe_error
 from envs.env_state import get_env_state
 from envs.env_utils import make_run_envs, make_seed_envs
+from envs.gl_backend import RENDER_HINT, rendering_disabled_reason
 from evaluation import evaluate, monitor_stats
 from log_utils import Loggers, drop_rows_after, get_exp_name, save_flags, setup_wandb
 from training.actor import OnlineActor, episode_row, policy_actions
@@ -44,6 +46,7 @@ from utils.errors import UsageError, UserError
 from utils.flax_utils import save_agent
 from utils.guards import StopRequest, check_dataset_matches_env, check_finite
 from utils.io_utils import atomic_write_bytes
+from utils.plotting import metric_column, read_csv
 
 FINISHED_FILE = 'finished.json'  # Written into each run directory once its run has trained to the end.
 FUSED_BLOCK_BYTES = 256 * 2**20  # Upper bound on the host memory of one block of pre-sampled offline batches.
@@ -97,6 +100,21 @@ def seed_exp_names(run):
         return name, [name]
     base = run.exp_name or get_exp_name('-'.join(map(str, run.seeds)), env_name=run.env_name)
     return base, [f'{base}_sd{s}' for s in run.seeds]
+
+
+def rendering_problem(env):
+    """Why `env` cannot render a video frame here (one phrase), or None when it renders one."""
+    reason = rendering_disabled_reason()
+    if reason:
+        return reason
+    try:
+        env.reset(seed=0)  # Evaluation episodes reset with their own seeds, so this reset changes none of them.
+        frame = env.render()
+    except Exception as e:  # Any backend failure (mujoco.FatalError, EGLError, ...) means the same to the user.
+        return f'{describe_error(e)}; {RENDER_HINT}'
+    if frame is None:
+        return f'{type(env).__name__}.render() returned no frame'
+    return None
 
 
 def seconds_since_process_start():
@@ -159,6 +177,13 @@ class Trainer:
             num_eval_envs=num_eval_envs,
         )
         self.shards = envs.shards
+        if run.video_episodes > 0:
+            reason = rendering_problem(envs.eval_envs[0])
+            if reason:
+                # Checked before any update, so a run never trains to its end and then dies at a video.
+                print(f'warning: videos are off ({reason}); training goes on as with --video_episodes=0', flush=True)
+                run = dataclasses.replace(run, video_episodes=0)
+                self.run = run
         check_dataset_matches_env(envs.train_dataset, envs.env, frame_stack=run.frame_stack)
         dataset = self._process(envs.train_dataset)
         self.lanes = []
@@ -552,6 +577,47 @@ class Trainer:
         parts = [f'{name} {seconds:.1f} s' for name, seconds in self.startup.items() if seconds is not None]
         return 'start-up: ' + ', '.join(parts)
 
+    def phase_summaries(self, lane):
+        """Per phase of `lane`'s run: dict(phase, steps, updates, seconds, updates_per_s, eval_step, success,
+        return); the evaluation at the phase's last step is read back from `eval.csv` (so a resumed run has it)."""
+        run = self.run
+        path = os.path.join(lane.run_dir, 'eval.csv')
+        evals = read_csv(path) if os.path.exists(path) else {}
+        phases = []
+        end = 0
+        online_updates = max(0, run.online_steps - run.start_training + 1) * run.utd_ratio
+        for phase, steps, updates in (
+            ('offline', run.offline_steps, run.offline_steps),
+            ('online', run.online_steps, online_updates),
+        ):
+            if steps <= 0:
+                continue
+            end += steps
+            seconds = self.phase_times.get(f'{phase}_time')
+            row = dict(phase=phase, steps=steps, updates=updates, seconds=seconds, eval_step=end)
+            row['updates_per_s'] = updates / seconds if seconds else None
+            hit = np.flatnonzero(evals.get('step', np.zeros(0)) == end)
+            for key in ('success', 'return'):
+                column = metric_column(evals, key)
+                row[key] = float(column[hit[-1]]) if column is not None and len(hit) else None
+            phases.append(row)
+        return phases
+
+    def summary_lines(self, lane):
+        """The end-of-run summary of one seed: its directory, then per phase the final evaluation, wall time and
+        update rate."""
+        lines = [f'Summary of {lane.run_dir}']
+        for p in self.phase_summaries(lane):
+            evaluation = 'no evaluation at its last step'
+            if p['success'] is not None or p['return'] is not None:
+                success = '-' if p['success'] is None else f'{p["success"]:.2f}'
+                ret = '-' if p['return'] is None else f'{p["return"]:.1f}'
+                evaluation = f'eval at step {p["eval_step"]}: success {success}, return {ret}'
+            timing = '' if p['seconds'] is None else f' in {p["seconds"]:.0f} s'
+            rate = '' if p['updates_per_s'] is None else f' ({p["updates_per_s"]:.1f} updates/s)'
+            lines.append(f'  {p["phase"]:<7} {p["steps"]} steps, {p["updates"]} updates{timing}{rate}; {evaluation}')
+        return lines
+
     def finish(self, quiet=False):
         """Closes the logs, wandb and the signal handlers; says where the runs are and where start-up time went."""
         self.stop.close()
@@ -564,6 +630,6 @@ class Trainer:
             print(self.startup_line(), flush=True)
             for lane in self.lanes:
                 # The marker sweeps (and users) read to tell a finished run from an interrupted one.
-                record = dict(step=self.log_step, phase_times=self.phase_times, finished_at=time.time())
+                record = dict(step=self.log_step, phases=self.phase_summaries(lane), finished_at=time.time())
                 atomic_write_bytes(os.path.join(lane.run_dir, FINISHED_FILE), json.dumps(record).encode())
-                print(f'Run finished: {lane.run_dir}', flush=True)
+                print('\n'.join(self.summary_lines(lane)), flush=True)
