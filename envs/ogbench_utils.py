@@ -14,7 +14,17 @@ import re
 
 import numpy as np
 
-from envs.common import EnvError, clip_actions, dataset_from_arrays, describe_error
+from envs.common import (
+    EnvError,
+    check_episode_ends,
+    check_spaces,
+    check_values,
+    clip_actions,
+    dataset_from_arrays,
+    describe_error,
+    load_checked,
+    npz_layout,
+)
 
 DEFAULT_DATASET_DIR = '~/.ogbench/data'
 _NAME_RE = re.compile(
@@ -108,10 +118,20 @@ def make_ogbench_env(env_name, **env_kwargs):
     return gymnasium.make(gym_id, **env_kwargs)
 
 
-def _to_dataset(data):
+def check_npz(path, env):
+    """Cheap checks of an OGBench .npz before OGBench reads it: readable archive, fields, lengths, widths against
+    `env` (array headers only), and episode ends (the small `terminals` array)."""
+    layout = npz_layout(path)
+    check_spaces(path, layout, env)
+    check_episode_ends(path, load_checked(path, lambda: np.load(path)['terminals']))
+
+
+def _to_dataset(data, path):
     # The relabelling needed qpos/qvel/button_states; agents never see them, so they are dropped to save memory.
     fields = {k: v for k, v in data.items() if k not in ('qpos', 'qvel', 'button_states')}
-    return dataset_from_arrays(**fields)
+    dataset = dataset_from_arrays(**fields)
+    dataset.source = path
+    return dataset
 
 
 def load_relabelled(env_name, path, relabel_env, compact_dataset=False):
@@ -122,10 +142,17 @@ def load_relabelled(env_name, path, relabel_env, compact_dataset=False):
     """
     ogbench = _import_ogbench()
     gym_id, _ = split_name(env_name)
+    check_npz(path, relabel_env)
     ob_dtype = np.uint8 if is_visual(env_name) else np.float32  # As `ogbench.make_env_and_datasets` loads them.
-    data = ogbench.utils.load_dataset(path, ob_dtype=ob_dtype, compact_dataset=compact_dataset, add_info=True)
-    ogbench.relabel_utils.relabel_dataset(gym_id, relabel_env, data)
-    return _to_dataset(data)
+
+    def load():
+        data = ogbench.utils.load_dataset(path, ob_dtype=ob_dtype, compact_dataset=compact_dataset, add_info=True)
+        ogbench.relabel_utils.relabel_dataset(gym_id, relabel_env, data)
+        return data
+
+    data = load_checked(path, load)
+    check_values(path, data)
+    return _to_dataset(data, path)
 
 
 def shard_paths(shard_dir):
@@ -217,19 +244,28 @@ def make_ogbench_env_and_datasets(env_name, dataset_dir=None, compact_dataset=Fa
     """
     ogbench = _import_ogbench()
     # Missing data is reported before the (slow) environments are built.
-    train_path, _ = dataset_paths(env_name, dataset_dir)
+    train_path, val_path = dataset_paths(env_name, dataset_dir)
+    for path in (train_path, val_path):
+        npz_layout(path)  # Headers only: a damaged file is refused before the (slow) environments are built.
     env = make_ogbench_env(env_name)
     eval_env = make_ogbench_env(env_name)
+    for path in (train_path, val_path):
+        check_npz(path, env)
     # Passing the file path keeps OGBench from trying to download; it finds the `-val.npz` sibling itself.
-    train, val = ogbench.make_env_and_datasets(
-        env_name,
-        dataset_path=train_path,
-        compact_dataset=compact_dataset,
-        dataset_only=True,
-        cur_env=eval_env,
-        add_info=False,
+    train, val = load_checked(
+        train_path,
+        lambda: ogbench.make_env_and_datasets(
+            env_name,
+            dataset_path=train_path,
+            compact_dataset=compact_dataset,
+            dataset_only=True,
+            cur_env=eval_env,
+            add_info=False,
+        ),
     )
-    return env, eval_env, _to_dataset(train), _to_dataset(val)
+    check_values(train_path, train)
+    check_values(val_path, val)
+    return env, eval_env, _to_dataset(train, train_path), _to_dataset(val, val_path)
 
 
 # The family interface (see `envs.env_utils`).

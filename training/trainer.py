@@ -24,7 +24,7 @@ import jax
 import numpy as np
 import tqdm
 
-from envs.common import describe_error
+from envs.common import DataError, describe_error
 from envs.env_state import get_env_state
 from envs.env_utils import make_run_envs, make_seed_envs
 from envs.gl_backend import RENDER_HINT, rendering_disabled_reason
@@ -44,7 +44,7 @@ from training.seeds import SeedGroup
 from utils.checkpoints import CheckpointManager, check_disk_space, checkpoint_steps
 from utils.errors import UsageError, UserError
 from utils.flax_utils import save_agent
-from utils.guards import StopRequest, check_dataset_matches_env, check_finite
+from utils.guards import NonFiniteError, StopRequest, check_dataset_matches_env, check_finite, non_finite_fields
 from utils.io_utils import atomic_write_bytes
 from utils.plotting import metric_column, read_csv
 
@@ -78,6 +78,27 @@ def seed_infos(info, num_seeds):
     """Python-float info dicts, one per seed, of a (S,)-leading JAX info dict (one device-to-host transfer)."""
     host = jax.device_get(info)
     return [{k: float(v[i]) for k, v in host.items()} for i in range(num_seeds)]
+
+
+def check_chunk_fits(dataset, run):
+    """Refuses a dataset shorter than one action chunk (`horizon_length` transitions)."""
+    if dataset.size < run.horizon_length:
+        source = dataset.source or f'the {run.env_name} dataset'
+        raise DataError(
+            f'{source}: {dataset.size} transitions, fewer than one action chunk (--horizon_length={run.horizon_length})'
+        )
+
+
+def check_writable(path):
+    """Refuses a `path` that could not be created or written, without creating anything: its nearest existing
+    ancestor must be a writable directory."""
+    existing = os.path.abspath(path)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing) or not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(
+            f'cannot create or write {path} ({existing} is not a writable directory); choose another --save_dir'
+        )
 
 
 def run_dir_for(save_dir, run_group, exp_name):
@@ -157,7 +178,8 @@ class Trainer:
         self.run = run
         self.startup = {'imports': seconds_since_process_start()}  # Seconds per start-up stage, for the summary.
         clock = time.perf_counter()
-        group_dir = run_dir_for(run.save_dir, run.run_group, '')  # Fails early on an unwritable save_dir.
+        group_dir = os.path.join(run.save_dir, run.run_group or '')
+        check_writable(group_dir)  # Fails early on an unwritable save_dir; nothing is created before the checks.
         self.exp_name, names = seed_exp_names(run)
         if not run.resume:
             for name in names:
@@ -185,6 +207,7 @@ class Trainer:
                 run = dataclasses.replace(run, video_episodes=0)
                 self.run = run
         check_dataset_matches_env(envs.train_dataset, envs.env, frame_stack=run.frame_stack)
+        check_chunk_fits(envs.train_dataset, run)
         dataset = self._process(envs.train_dataset)
         self.lanes = []
         for s, name in zip(run.seeds, names, strict=True):
@@ -447,7 +470,7 @@ class Trainer:
             while i < run.offline_steps:
                 if every(i + 1, replace_interval):
                     # Shards come with one seed only (`validate`).
-                    self.lanes[0].dataset = self._process(self.shards.next())
+                    self.lanes[0].dataset = self._process(self._next_shard(i))
                     samplers[0].set_source('data', self.lanes[0].dataset)
                 end = block_end(
                     i,
@@ -472,6 +495,18 @@ class Trainer:
         finally:
             bar.close()
         self.phase_times['offline_time'] = time.time() - phase_start
+
+    def _next_shard(self, step):
+        """The next dataset shard; a shard that fails its checks stops the run with its one line, after a
+        checkpoint at `step` that a `--resume` continues from (on the shard before it)."""
+        index = self.shards.index
+        try:
+            return self.shards.next()
+        except UserError as e:
+            self.shards.index = index  # The checkpoint must name the shard this step trained on.
+            self.save_checkpoint('offline', step)
+            self.finish(quiet=True)
+            raise DataError(f'{e} (stopped at step {self.log_step}; checkpoint written, continue with --resume)') from e
 
     def online_phase(self):
         """`online_steps` environment steps with open-loop chunks, adding every transition to the replay buffers.
@@ -544,6 +579,12 @@ class Trainer:
                     actions = policy_actions(actors, self.agents)
                 for j, lane in enumerate(self.lanes):
                     transition, info, done = actors[j].step(action=actions[j])
+                    bad = non_finite_fields(transition)
+                    if bad:
+                        # Stopped before the buffer or a checkpoint holds it: the last checkpoint stays good.
+                        keys = [f'environment {k}' for k in bad]
+                        seed = lane.seed if run.num_seeds > 1 else None
+                        raise NonFiniteError(self.log_step, keys, last_checkpoint=lane.checkpoints.last_path, seed=seed)
                     lane.replay.add_transition(transition)
                     if run.save_all_online_states:
                         states[j]['steps'].append(i)

@@ -89,6 +89,8 @@ def _distinguishing_labels(groups):
     """Labels naming the flags that differ between groups, when every group has flags and defaults collide."""
     labels = [label for label, _, _ in groups]
     flag_sets = [kept for _, _, kept in groups]
+    if all(kept is not None for kept in flag_sets) and len({kept.get('env_name') for kept in flag_sets}) > 1:
+        labels = [f'{label}/{kept.get("env_name")}' for label, kept in zip(labels, flag_sets, strict=True)]
     if len(set(labels)) == len(labels) or any(kept is None for kept in flag_sets):
         return [label if labels.count(label) == 1 else f'{label} #{i + 1}' for i, label in enumerate(labels)]
     # Keys every group has (a driver-only flag says nothing a label needs), at most a few of them.
