@@ -228,11 +228,11 @@ def check_values(path, arrays, ends='terminals'):
         raise DataError(f'{path}: no episode end ({ends} is 0 everywhere); the file is incomplete or not this format')
 
 
-def check_spaces(path, layout, env):
-    """Refuses data whose per-step observation or action shape does not fit `env`'s spaces (`DataError`)."""
+def check_spaces(path, layout, env, keys=('observations', 'actions')):
+    """Refuses data whose per-step shape of `keys` does not fit `env`'s spaces (`DataError`)."""
     for key, space in (('observations', env.observation_space), ('actions', env.action_space)):
         expected = getattr(space, 'shape', None)
-        if key not in layout or not expected:
+        if key not in keys or key not in layout or not expected:
             continue
         shape = layout[key][0][1:]
         if tuple(shape) != tuple(expected):

@@ -118,11 +118,11 @@ def make_ogbench_env(env_name, **env_kwargs):
     return gymnasium.make(gym_id, **env_kwargs)
 
 
-def check_npz(path, env):
-    """Cheap checks of an OGBench .npz before OGBench reads it: readable archive, fields, lengths, widths against
-    `env` (array headers only), and episode ends (the small `terminals` array)."""
+def check_npz(path, env, keys=('observations', 'actions')):
+    """Cheap checks of an OGBench .npz before OGBench reads it: readable archive, fields, lengths, the widths of
+    `keys` against `env` (array headers only), and episode ends (the small `terminals` array)."""
     layout = npz_layout(path)
-    check_spaces(path, layout, env)
+    check_spaces(path, layout, env, keys)
     check_episode_ends(path, load_checked(path, lambda: np.load(path)['terminals']))
 
 
@@ -142,7 +142,9 @@ def load_relabelled(env_name, path, relabel_env, compact_dataset=False):
     """
     ogbench = _import_ogbench()
     gym_id, _ = split_name(env_name)
-    check_npz(path, relabel_env)
+    # Relabelling needs only the simulator, so `relabel_env` may be the state-based twin of a pixel task: only the
+    # actions are compared here; the trainer compares a shard's observations with the training environment.
+    check_npz(path, relabel_env, keys=('actions',) if is_visual(env_name) else ('observations', 'actions'))
     ob_dtype = np.uint8 if is_visual(env_name) else np.float32  # As `ogbench.make_env_and_datasets` loads them.
 
     def load():

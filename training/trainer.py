@@ -18,6 +18,7 @@ import dataclasses
 import json
 import os
 import pickle
+import tempfile
 import time
 
 import jax
@@ -90,15 +91,16 @@ def check_chunk_fits(dataset, run):
 
 
 def check_writable(path):
-    """Refuses a `path` that could not be created or written, without creating anything: its nearest existing
-    ancestor must be a writable directory."""
+    """Refuses a `path` that could not be created or written, leaving nothing behind: a directory must be
+    creatable in its nearest existing ancestor."""
     existing = os.path.abspath(path)
     while not os.path.exists(existing):
         existing = os.path.dirname(existing)
-    if not os.path.isdir(existing) or not os.access(existing, os.W_OK | os.X_OK):
-        raise UsageError(
-            f'cannot create or write {path} ({existing} is not a writable directory); choose another --save_dir'
-        )
+    try:
+        # A directory made and removed at once: permission bits alone miss root on read-only or virtual filesystems.
+        os.rmdir(tempfile.mkdtemp(prefix='.qc-write-check-', dir=existing))
+    except OSError as e:
+        raise UsageError(f'cannot create or write {path} ({existing}: {e.strerror}); choose another --save_dir') from e
 
 
 def run_dir_for(save_dir, run_group, exp_name):
