@@ -391,11 +391,24 @@ def wandb_video(path, frames=None, fps=15):
 # videos
 
 
+MP4_BLOCK = 16  # H.264 encoders and players want frame sides that are multiples of 16.
+
+
+def pad_to_multiple(frames, block):
+    """(T, H, W, C) frames padded with black at the bottom and right to sides that are multiples of `block`
+    (instead of ffmpeg's resize, which blurs and warns)."""
+    pad_h, pad_w = (-frames.shape[1]) % block, (-frames.shape[2]) % block
+    if not pad_h and not pad_w:
+        return frames
+    return np.pad(frames, ((0, 0), (0, pad_h), (0, pad_w), (0, 0)))
+
+
 def save_video(frames, path, fps=15):
     """Writes frames (T, H, W, C) uint8 to `path` (.mp4 or .gif) and returns the path actually written.
 
-    mp4 needs imageio with an ffmpeg/pyav backend; without one a .gif is written next to it, and without imageio
-    the frames are kept as a .npz (keys `frames`, `fps`).
+    mp4 (H.264, through imageio-ffmpeg's own ffmpeg; frames padded to multiples of 16 pixels) falls back to a .gif
+    next to it when no ffmpeg backend is installed, and without imageio the frames are kept as a .npz (keys
+    `frames`, `fps`).
     """
     frames = np.asarray(frames)
     if frames.dtype != np.uint8:
@@ -415,7 +428,7 @@ def save_video(frames, path, fps=15):
     if iio is not None:
         if ext not in ('.gif',):
             try:
-                iio.imwrite(path, frames, fps=fps)
+                iio.imwrite(path, pad_to_multiple(frames, MP4_BLOCK) if ext == '.mp4' else frames, fps=fps)
                 return path
             except Exception as e:
                 _warn_once(

@@ -150,3 +150,129 @@ def dataset_from_arrays(**fields):
         v = np.asarray(v)
         out[k] = v if (k in ('observations', 'next_observations') and v.dtype == np.uint8) else v.astype(np.float32)
     return Dataset.create(**out)
+
+
+def describe_error(e):
+    """`Type: message` of an exception, also for exceptions whose `str()` fails (PyOpenGL's EGL errors)."""
+    try:
+        text = str(e)
+    except Exception:
+        text = ''
+    text = ' '.join(text.split())[:300]
+    return f'{type(e).__name__}: {text}' if text else type(e).__name__
+
+
+class DataError(EnvError):
+    """A dataset file that cannot be trained on (damaged, incomplete or holding bad values); names the file."""
+
+
+# The fields every dataset must hold, and those whose values must be finite.
+REQUIRED_FIELDS = ('observations', 'actions', 'terminals')
+FINITE_FIELDS = ('observations', 'next_observations', 'actions', 'rewards')
+
+
+def npz_layout(path, required=REQUIRED_FIELDS):
+    """{field: (shape, dtype)} of an .npz file read from its array headers only (no data is read); refuses an
+    unreadable, truncated or non-archive file, a missing field, or fields of different lengths with `DataError`."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as archive:
+            layout = {}
+            for member in archive.namelist():
+                if not member.endswith('.npy'):
+                    continue
+                with archive.open(member) as f:
+                    version = np.lib.format.read_magic(f)
+                    header = (
+                        np.lib.format.read_array_header_2_0
+                        if version >= (2, 0)
+                        else np.lib.format.read_array_header_1_0
+                    )
+                    shape, _, dtype = header(f)
+                layout[member[: -len('.npy')]] = (tuple(shape), dtype)
+    except (OSError, zipfile.BadZipFile, ValueError, EOFError) as e:
+        raise DataError(
+            f'cannot read {path}: not a readable .npz archive (truncated or damaged?): {describe_error(e)}'
+        ) from e
+    check_layout(path, layout, required)
+    return layout
+
+
+def check_layout(path, layout, required=REQUIRED_FIELDS):
+    """Refuses missing fields and fields whose first dimensions differ (`layout`: {field: (shape, dtype)})."""
+    missing = [k for k in required if k not in layout]
+    if missing:
+        have = ', '.join(sorted(layout)) or 'none'
+        raise DataError(f'{path} has no {", ".join(repr(k) for k in missing)} field (it holds: {have})')
+    lengths = {
+        k: shape[0] if shape else None for k, (shape, _) in layout.items() if k in required or k in FINITE_FIELDS
+    }
+    if any(n is None for n in lengths.values()) or len(set(lengths.values())) > 1:
+        listed = ', '.join(f'{k} {n}' for k, n in lengths.items())
+        raise DataError(f'{path}: fields have different lengths (first dimensions: {listed})')
+
+
+def check_values(path, arrays, ends='terminals'):
+    """Refuses non-finite observations, actions or rewards (before any clipping could hide them) and data without
+    an episode end (`ends` all zero) with `DataError`; vectorised, one pass per field."""
+    for key in FINITE_FIELDS:
+        value = arrays.get(key)
+        if value is None or not np.issubdtype(np.asarray(value).dtype, np.floating):
+            continue
+        bad = ~np.isfinite(value)
+        if bad.any():
+            rows = np.flatnonzero(bad.reshape(len(value), -1).any(axis=1))
+            raise DataError(f'{path}: {key} hold {int(bad.sum())} non-finite values (NaN/inf), first in row {rows[0]}')
+    if ends is not None and ends in arrays and not np.asarray(arrays[ends]).any():
+        raise DataError(f'{path}: no episode end ({ends} is 0 everywhere); the file is incomplete or not this format')
+
+
+def check_spaces(path, layout, env, keys=('observations', 'actions')):
+    """Refuses data whose per-step shape of `keys` does not fit `env`'s spaces (`DataError`)."""
+    for key, space in (('observations', env.observation_space), ('actions', env.action_space)):
+        expected = getattr(space, 'shape', None)
+        if key not in keys or key not in layout or not expected:
+            continue
+        shape = layout[key][0][1:]
+        if tuple(shape) != tuple(expected):
+            raise DataError(
+                f'{path}: {key} are {tuple(shape)} per step, the environment {getattr(env.spec, "id", "")} has '
+                f'{tuple(expected)}; check the env name and the dataset path'
+            )
+
+
+def load_checked(path, load, what='dataset'):
+    """`load()`, with any failure of a third-party reader on a file that passed the checks above reported as one
+    `DataError` line naming `path`."""
+    try:
+        return load()
+    except UserError:
+        raise
+    except Exception as e:  # Readers raise many kinds on damaged files (KeyError, IndexError, zlib.error, ...).
+        raise DataError(f'cannot load the {what} {path}: {describe_error(e)}') from e
+
+
+def check_episode_ends(path, terminals, min_transitions=2):
+    """Refuses too few transitions, or `terminals` (episode-end flags, one per row) that mark no end or leave the
+    last row open (a cut-off file), with `DataError`."""
+    terminals = np.asarray(terminals)
+    if len(terminals) < min_transitions:
+        raise DataError(f'{path}: only {len(terminals)} transitions; a dataset needs at least {min_transitions}')
+    if not terminals.any():
+        raise DataError(
+            f'{path}: no episode end (terminals is 0 everywhere); the file is incomplete or not this format'
+        )
+    if not terminals[-1]:
+        raise DataError(f'{path}: the last row is not an episode end (terminals[-1] is 0); the file looks cut off')
+
+
+def open_hdf5(path):
+    """`h5py.File(path, 'r')`, with an unreadable, truncated or non-HDF5 file reported as `DataError`."""
+    h5py = require('h5py', 'pip install h5py')
+    try:
+        return h5py.File(path, 'r')
+    except OSError as e:
+        raise DataError(
+            f'cannot read {path}: not a readable HDF5 file (truncated or damaged?): {describe_error(e)}'
+        ) from e

@@ -15,7 +15,17 @@ import gymnasium
 import numpy as np
 from gymnasium.spaces import Box
 
-from envs.common import GYMNASIUM_ROBOTICS_INSTALL, EnvError, dataset_from_arrays, require
+from envs.common import (
+    GYMNASIUM_ROBOTICS_INSTALL,
+    DataError,
+    EnvError,
+    check_layout,
+    check_values,
+    dataset_from_arrays,
+    load_checked,
+    open_hdf5,
+    require,
+)
 
 DEFAULT_DATASET_DIR = '~/.d4rl/datasets'
 _ANTMAZE_RE = re.compile(r'^antmaze-(?P<maze>umaze|medium|large)(?:-(?P<kind>diverse|play))?-v(?P<v>[0-2])$')
@@ -164,13 +174,17 @@ def episode_fields(tr, antmaze):
 
 def load_d4rl_dataset(path, env_name):
     """A `Dataset` from a D4RL-format hdf5 file (AntMaze rewards shifted by -1)."""
-    h5py = require('h5py', 'pip install h5py')
-    with h5py.File(path, 'r') as f:
-        missing = [k for k in ('observations', 'actions', 'rewards', 'terminals') if k not in f]
-        if missing:
-            raise EnvError(f'{path} is not a D4RL-format file: it lacks {", ".join(missing)}')
-        arrays = {k: np.asarray(f[k]) for k in ('observations', 'actions', 'rewards', 'terminals')}
-        timeouts = np.asarray(f['timeouts']) if 'timeouts' in f else np.zeros(len(arrays['rewards']), bool)
+    fields = ('observations', 'actions', 'rewards', 'terminals')
+    with open_hdf5(path) as f:
+        present = [k for k in (*fields, 'timeouts') if k in f]
+        check_layout(path, {k: (f[k].shape, f[k].dtype) for k in present}, required=fields)
+        arrays = load_checked(path, lambda: {k: np.asarray(f[k]) for k in present})
+    timeouts = arrays.pop('timeouts', np.zeros(len(arrays['rewards']), bool))
+    check_values(path, arrays, ends=None)
+    if len(arrays['rewards']) < 2:
+        raise DataError(f'{path}: only {len(arrays["rewards"])} transitions; a dataset needs at least 2')
+    if not (np.any(arrays['terminals']) or np.any(timeouts)):
+        raise DataError(f'{path}: no episode end (terminals and timeouts are 0 everywhere); the file is incomplete')
     tr = qlearning_transitions(
         arrays['observations'].astype(np.float32),
         arrays['actions'].astype(np.float32),
@@ -180,7 +194,7 @@ def load_d4rl_dataset(path, env_name):
     )
     antmaze = is_antmaze(env_name)
     terminals, masks = episode_fields(tr, antmaze)
-    return dataset_from_arrays(
+    dataset = dataset_from_arrays(
         observations=tr['observations'],
         actions=tr['actions'],
         next_observations=tr['next_observations'],
@@ -188,6 +202,8 @@ def load_d4rl_dataset(path, env_name):
         terminals=terminals,
         masks=masks,
     )
+    dataset.source = path
+    return dataset
 
 
 class GymRoboticsAntMaze(gymnasium.Wrapper):

@@ -14,7 +14,17 @@ import re
 
 import numpy as np
 
-from envs.common import EnvError, clip_actions, dataset_from_arrays
+from envs.common import (
+    EnvError,
+    check_episode_ends,
+    check_spaces,
+    check_values,
+    clip_actions,
+    dataset_from_arrays,
+    describe_error,
+    load_checked,
+    npz_layout,
+)
 
 DEFAULT_DATASET_DIR = '~/.ogbench/data'
 _NAME_RE = re.compile(
@@ -48,16 +58,6 @@ def split_name(env_name):
     gym_id = f'{visual}{m["env"]}-singletask{task}-{m["version"]}'
     dataset_name = f'{visual}{m["env"]}-{m["type"]}-{m["version"]}'
     return gym_id, dataset_name
-
-
-def describe_error(e):
-    """`Type: message` of an exception, also for exceptions whose `str()` fails (PyOpenGL's EGL errors)."""
-    try:
-        text = str(e)
-    except Exception:
-        text = ''
-    text = ' '.join(text.split())[:300]
-    return f'{type(e).__name__}: {text}' if text else type(e).__name__
 
 
 def make_rendering_env(make, gym_id):
@@ -118,10 +118,20 @@ def make_ogbench_env(env_name, **env_kwargs):
     return gymnasium.make(gym_id, **env_kwargs)
 
 
-def _to_dataset(data):
+def check_npz(path, env, keys=('observations', 'actions')):
+    """Cheap checks of an OGBench .npz before OGBench reads it: readable archive, fields, lengths, the widths of
+    `keys` against `env` (array headers only), and episode ends (the small `terminals` array)."""
+    layout = npz_layout(path)
+    check_spaces(path, layout, env, keys)
+    check_episode_ends(path, load_checked(path, lambda: np.load(path)['terminals']))
+
+
+def _to_dataset(data, path):
     # The relabelling needed qpos/qvel/button_states; agents never see them, so they are dropped to save memory.
     fields = {k: v for k, v in data.items() if k not in ('qpos', 'qvel', 'button_states')}
-    return dataset_from_arrays(**fields)
+    dataset = dataset_from_arrays(**fields)
+    dataset.source = path
+    return dataset
 
 
 def load_relabelled(env_name, path, relabel_env, compact_dataset=False):
@@ -132,10 +142,19 @@ def load_relabelled(env_name, path, relabel_env, compact_dataset=False):
     """
     ogbench = _import_ogbench()
     gym_id, _ = split_name(env_name)
+    # Relabelling needs only the simulator, so `relabel_env` may be the state-based twin of a pixel task: only the
+    # actions are compared here; the trainer compares a shard's observations with the training environment.
+    check_npz(path, relabel_env, keys=('actions',) if is_visual(env_name) else ('observations', 'actions'))
     ob_dtype = np.uint8 if is_visual(env_name) else np.float32  # As `ogbench.make_env_and_datasets` loads them.
-    data = ogbench.utils.load_dataset(path, ob_dtype=ob_dtype, compact_dataset=compact_dataset, add_info=True)
-    ogbench.relabel_utils.relabel_dataset(gym_id, relabel_env, data)
-    return _to_dataset(data)
+
+    def load():
+        data = ogbench.utils.load_dataset(path, ob_dtype=ob_dtype, compact_dataset=compact_dataset, add_info=True)
+        ogbench.relabel_utils.relabel_dataset(gym_id, relabel_env, data)
+        return data
+
+    data = load_checked(path, load)
+    check_values(path, data)
+    return _to_dataset(data, path)
 
 
 def shard_paths(shard_dir):
@@ -227,19 +246,28 @@ def make_ogbench_env_and_datasets(env_name, dataset_dir=None, compact_dataset=Fa
     """
     ogbench = _import_ogbench()
     # Missing data is reported before the (slow) environments are built.
-    train_path, _ = dataset_paths(env_name, dataset_dir)
+    train_path, val_path = dataset_paths(env_name, dataset_dir)
+    for path in (train_path, val_path):
+        npz_layout(path)  # Headers only: a damaged file is refused before the (slow) environments are built.
     env = make_ogbench_env(env_name)
     eval_env = make_ogbench_env(env_name)
+    for path in (train_path, val_path):
+        check_npz(path, env)
     # Passing the file path keeps OGBench from trying to download; it finds the `-val.npz` sibling itself.
-    train, val = ogbench.make_env_and_datasets(
-        env_name,
-        dataset_path=train_path,
-        compact_dataset=compact_dataset,
-        dataset_only=True,
-        cur_env=eval_env,
-        add_info=False,
+    train, val = load_checked(
+        train_path,
+        lambda: ogbench.make_env_and_datasets(
+            env_name,
+            dataset_path=train_path,
+            compact_dataset=compact_dataset,
+            dataset_only=True,
+            cur_env=eval_env,
+            add_info=False,
+        ),
     )
-    return env, eval_env, _to_dataset(train), _to_dataset(val)
+    check_values(train_path, train)
+    check_values(val_path, val)
+    return env, eval_env, _to_dataset(train, train_path), _to_dataset(val, val_path)
 
 
 # The family interface (see `envs.env_utils`).

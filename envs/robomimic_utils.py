@@ -15,7 +15,7 @@ import gymnasium
 import numpy as np
 from gymnasium.spaces import Box
 
-from envs.common import EnvError, dataset_from_arrays, require
+from envs.common import EnvError, check_layout, check_values, dataset_from_arrays, load_checked, open_hdf5, require
 
 DEFAULT_DATASET_DIR = '~/.robomimic'
 DATASET_FILE = 'low_dim_v15.hdf5'
@@ -181,26 +181,31 @@ def make_robomimic_env(env_name, dataset_path, seed=0):
     return RobomimicLowDimEnv(read_env_args(dataset_path), get_max_episode_length(env_name), seed=seed)
 
 
+def _stacked(group, keys, n):
+    return np.concatenate([np.asarray(group[k], np.float32).reshape(n, -1) for k in keys], axis=-1)
+
+
 def load_robomimic_dataset(path, obs_keys=LOW_DIM_KEYS, reward_shift=REWARD_SHIFT):
     """A `Dataset` of every demo in a RoboMimic hdf5 file, in demo order.
 
     `terminals` is 1 at the last step of every demo (and where the file's `dones` is 1); `masks` is 1 - dones, so
     the success step does not bootstrap; rewards are the file's rewards plus `reward_shift`.
     """
-    h5py = require('h5py', 'pip install h5py')
     fields = {k: [] for k in ('observations', 'actions', 'rewards', 'terminals', 'masks', 'next_observations')}
-    with h5py.File(path, 'r') as f:
+    with open_hdf5(path) as f:
+        if 'data' not in f:
+            raise EnvError(f'{path} is not a RoboMimic file: it has no data/ group')
         demos = sorted(f['data'].keys(), key=lambda d: int(d.split('_')[-1]))
         if not demos:
             raise EnvError(f'the RoboMimic file {path} holds no demos under data/')
         for d in demos:
             g = f['data'][d]
-            obs = np.concatenate(
-                [np.asarray(g['obs'][k], np.float32).reshape(len(g['actions']), -1) for k in obs_keys], axis=-1
-            )
-            next_obs = np.concatenate(
-                [np.asarray(g['next_obs'][k], np.float32).reshape(len(g['actions']), -1) for k in obs_keys], axis=-1
-            )
+            where = f'{path} (data/{d})'
+            check_layout(where, {k: (g[k].shape, g[k].dtype) for k in ('actions', 'rewards', 'dones') if k in g},
+                         required=('actions', 'rewards', 'dones'))  # fmt: skip
+            # A demo without one of the observation keys is reported by load_checked, naming the file.
+            obs = load_checked(where, lambda g=g: _stacked(g['obs'], obs_keys, len(g['actions'])))
+            next_obs = load_checked(where, lambda g=g: _stacked(g['next_obs'], obs_keys, len(g['actions'])))
             dones = np.asarray(g['dones'], np.float32)
             terminals = dones.copy()
             terminals[-1] = 1.0
@@ -210,7 +215,11 @@ def load_robomimic_dataset(path, obs_keys=LOW_DIM_KEYS, reward_shift=REWARD_SHIF
             fields['rewards'].append(np.asarray(g['rewards'], np.float32) + reward_shift)
             fields['terminals'].append(terminals)
             fields['masks'].append(1.0 - dones)
-    return dataset_from_arrays(**{k: np.concatenate(v, axis=0) for k, v in fields.items()})
+    arrays = {k: np.concatenate(v, axis=0) for k, v in fields.items()}
+    check_values(path, arrays)
+    dataset = dataset_from_arrays(**arrays)
+    dataset.source = path
+    return dataset
 
 
 def make_robomimic_env_and_datasets(env_name, dataset_dir=None, seed=0):

@@ -4,6 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PIP_DISABLE_PIP_VERSION_CHECK=1
+export PIP_ROOT_USER_ACTION=ignore  # pip warns on every call when run as root (containers, CI)
 python3 -m pip install -q -r requirements.txt
 python3 -m pip install -q --no-deps robosuite==1.5.2
 

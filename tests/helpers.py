@@ -87,9 +87,16 @@ def tiny_acfql_config(horizon_length=3, **overrides):
 
 
 def subprocess_env():
-    """Environment for driver subprocesses: CPU JAX, no wandb, the repo importable."""
+    """Environment for driver subprocesses: CPU JAX, no wandb, the repo importable, and the OpenGL backend the
+    drivers would choose here (probed once per test session; robosuite, imported by some tests, leaves
+    MUJOCO_GL=egl in this process whether or not EGL renders)."""
+    from envs.gl_backend import DISABLED, choose_gl_backend
+
     env = dict(os.environ, WANDB_MODE='disabled', PYTHONPATH=ROOT, JAX_PLATFORMS='cpu')
-    env.pop('MUJOCO_GL', None)
+    env.pop('PYOPENGL_PLATFORM', None)
+    env['MUJOCO_GL'] = choose_gl_backend(environ={})
+    if env['MUJOCO_GL'] != DISABLED:
+        env['PYOPENGL_PLATFORM'] = env['MUJOCO_GL']
     return env
 
 

@@ -18,14 +18,17 @@ import dataclasses
 import json
 import os
 import pickle
+import tempfile
 import time
 
 import jax
 import numpy as np
 import tqdm
 
+from envs.common import DataError, describe_error
 from envs.env_state import get_env_state
 from envs.env_utils import make_run_envs, make_seed_envs
+from envs.gl_backend import RENDER_HINT, rendering_disabled_reason
 from evaluation import evaluate, monitor_stats
 from log_utils import Loggers, drop_rows_after, get_exp_name, save_flags, setup_wandb
 from training.actor import OnlineActor, episode_row, policy_actions
@@ -42,8 +45,9 @@ from training.seeds import SeedGroup
 from utils.checkpoints import CheckpointManager, check_disk_space, checkpoint_steps
 from utils.errors import UsageError, UserError
 from utils.flax_utils import save_agent
-from utils.guards import StopRequest, check_dataset_matches_env, check_finite
+from utils.guards import NonFiniteError, StopRequest, check_dataset_matches_env, check_finite, non_finite_fields
 from utils.io_utils import atomic_write_bytes
+from utils.plotting import metric_column, read_csv
 
 FINISHED_FILE = 'finished.json'  # Written into each run directory once its run has trained to the end.
 FUSED_BLOCK_BYTES = 256 * 2**20  # Upper bound on the host memory of one block of pre-sampled offline batches.
@@ -77,6 +81,28 @@ def seed_infos(info, num_seeds):
     return [{k: float(v[i]) for k, v in host.items()} for i in range(num_seeds)]
 
 
+def check_chunk_fits(dataset, run):
+    """Refuses a dataset shorter than one action chunk (`horizon_length` transitions)."""
+    if dataset.size < run.horizon_length:
+        source = dataset.source or f'the {run.env_name} dataset'
+        raise DataError(
+            f'{source}: {dataset.size} transitions, fewer than one action chunk (--horizon_length={run.horizon_length})'
+        )
+
+
+def check_writable(path):
+    """Refuses a `path` that could not be created or written, leaving nothing behind: a directory must be
+    creatable in its nearest existing ancestor."""
+    existing = os.path.abspath(path)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    try:
+        # A directory made and removed at once: permission bits alone miss root on read-only or virtual filesystems.
+        os.rmdir(tempfile.mkdtemp(prefix='.qc-write-check-', dir=existing))
+    except OSError as e:
+        raise UsageError(f'cannot create or write {path} ({existing}: {e.strerror}); choose another --save_dir') from e
+
+
 def run_dir_for(save_dir, run_group, exp_name):
     """The directory `save_dir/run_group/exp_name` (empty parts skipped), created; refuses an unwritable location."""
     run_dir = os.path.join(save_dir, *(p for p in (run_group, exp_name) if p))
@@ -97,6 +123,21 @@ def seed_exp_names(run):
         return name, [name]
     base = run.exp_name or get_exp_name('-'.join(map(str, run.seeds)), env_name=run.env_name)
     return base, [f'{base}_sd{s}' for s in run.seeds]
+
+
+def rendering_problem(env):
+    """Why `env` cannot render a video frame here (one phrase), or None when it renders one."""
+    reason = rendering_disabled_reason()
+    if reason:
+        return reason
+    try:
+        env.reset(seed=0)  # Evaluation episodes reset with their own seeds, so this reset changes none of them.
+        frame = env.render()
+    except Exception as e:  # Any backend failure (mujoco.FatalError, EGLError, ...) means the same to the user.
+        return f'{describe_error(e)}; {RENDER_HINT}'
+    if frame is None:
+        return f'{type(env).__name__}.render() returned no frame'
+    return None
 
 
 def seconds_since_process_start():
@@ -139,7 +180,8 @@ class Trainer:
         self.run = run
         self.startup = {'imports': seconds_since_process_start()}  # Seconds per start-up stage, for the summary.
         clock = time.perf_counter()
-        group_dir = run_dir_for(run.save_dir, run.run_group, '')  # Fails early on an unwritable save_dir.
+        group_dir = os.path.join(run.save_dir, run.run_group or '')
+        check_writable(group_dir)  # Fails early on an unwritable save_dir; nothing is created before the checks.
         self.exp_name, names = seed_exp_names(run)
         if not run.resume:
             for name in names:
@@ -159,7 +201,15 @@ class Trainer:
             num_eval_envs=num_eval_envs,
         )
         self.shards = envs.shards
+        if run.video_episodes > 0:
+            reason = rendering_problem(envs.eval_envs[0])
+            if reason:
+                # Checked before any update, so a run never trains to its end and then dies at a video.
+                print(f'warning: videos are off ({reason}); training goes on as with --video_episodes=0', flush=True)
+                run = dataclasses.replace(run, video_episodes=0)
+                self.run = run
         check_dataset_matches_env(envs.train_dataset, envs.env, frame_stack=run.frame_stack)
+        check_chunk_fits(envs.train_dataset, run)
         dataset = self._process(envs.train_dataset)
         self.lanes = []
         for s, name in zip(run.seeds, names, strict=True):
@@ -422,7 +472,7 @@ class Trainer:
             while i < run.offline_steps:
                 if every(i + 1, replace_interval):
                     # Shards come with one seed only (`validate`).
-                    self.lanes[0].dataset = self._process(self.shards.next())
+                    self.lanes[0].dataset = self._process(self._next_shard(i))
                     samplers[0].set_source('data', self.lanes[0].dataset)
                 end = block_end(
                     i,
@@ -447,6 +497,18 @@ class Trainer:
         finally:
             bar.close()
         self.phase_times['offline_time'] = time.time() - phase_start
+
+    def _next_shard(self, step):
+        """The next dataset shard; a shard that fails its checks stops the run with its one line, after a
+        checkpoint at `step` that a `--resume` continues from (on the shard before it)."""
+        index = self.shards.index
+        try:
+            return self.shards.next()
+        except UserError as e:
+            self.shards.index = index  # The checkpoint must name the shard this step trained on.
+            self.save_checkpoint('offline', step)
+            self.finish(quiet=True)
+            raise DataError(f'{e} (stopped at step {self.log_step}; checkpoint written, continue with --resume)') from e
 
     def online_phase(self):
         """`online_steps` environment steps with open-loop chunks, adding every transition to the replay buffers.
@@ -519,6 +581,12 @@ class Trainer:
                     actions = policy_actions(actors, self.agents)
                 for j, lane in enumerate(self.lanes):
                     transition, info, done = actors[j].step(action=actions[j])
+                    bad = non_finite_fields(transition)
+                    if bad:
+                        # Stopped before the buffer or a checkpoint holds it: the last checkpoint stays good.
+                        keys = [f'environment {k}' for k in bad]
+                        seed = lane.seed if run.num_seeds > 1 else None
+                        raise NonFiniteError(self.log_step, keys, last_checkpoint=lane.checkpoints.last_path, seed=seed)
                     lane.replay.add_transition(transition)
                     if run.save_all_online_states:
                         states[j]['steps'].append(i)
@@ -552,6 +620,47 @@ class Trainer:
         parts = [f'{name} {seconds:.1f} s' for name, seconds in self.startup.items() if seconds is not None]
         return 'start-up: ' + ', '.join(parts)
 
+    def phase_summaries(self, lane):
+        """Per phase of `lane`'s run: dict(phase, steps, updates, seconds, updates_per_s, eval_step, success,
+        return); the evaluation at the phase's last step is read back from `eval.csv` (so a resumed run has it)."""
+        run = self.run
+        path = os.path.join(lane.run_dir, 'eval.csv')
+        evals = read_csv(path) if os.path.exists(path) else {}
+        phases = []
+        end = 0
+        online_updates = max(0, run.online_steps - run.start_training + 1) * run.utd_ratio
+        for phase, steps, updates in (
+            ('offline', run.offline_steps, run.offline_steps),
+            ('online', run.online_steps, online_updates),
+        ):
+            if steps <= 0:
+                continue
+            end += steps
+            seconds = self.phase_times.get(f'{phase}_time')
+            row = dict(phase=phase, steps=steps, updates=updates, seconds=seconds, eval_step=end)
+            row['updates_per_s'] = updates / seconds if seconds else None
+            hit = np.flatnonzero(evals.get('step', np.zeros(0)) == end)
+            for key in ('success', 'return'):
+                column = metric_column(evals, key)
+                row[key] = float(column[hit[-1]]) if column is not None and len(hit) else None
+            phases.append(row)
+        return phases
+
+    def summary_lines(self, lane):
+        """The end-of-run summary of one seed: its directory, then per phase the final evaluation, wall time and
+        update rate."""
+        lines = [f'Summary of {lane.run_dir}']
+        for p in self.phase_summaries(lane):
+            evaluation = 'no evaluation at its last step'
+            if p['success'] is not None or p['return'] is not None:
+                success = '-' if p['success'] is None else f'{p["success"]:.2f}'
+                ret = '-' if p['return'] is None else f'{p["return"]:.1f}'
+                evaluation = f'eval at step {p["eval_step"]}: success {success}, return {ret}'
+            timing = '' if p['seconds'] is None else f' in {p["seconds"]:.0f} s'
+            rate = '' if p['updates_per_s'] is None else f' ({p["updates_per_s"]:.1f} updates/s)'
+            lines.append(f'  {p["phase"]:<7} {p["steps"]} steps, {p["updates"]} updates{timing}{rate}; {evaluation}')
+        return lines
+
     def finish(self, quiet=False):
         """Closes the logs, wandb and the signal handlers; says where the runs are and where start-up time went."""
         self.stop.close()
@@ -564,6 +673,6 @@ class Trainer:
             print(self.startup_line(), flush=True)
             for lane in self.lanes:
                 # The marker sweeps (and users) read to tell a finished run from an interrupted one.
-                record = dict(step=self.log_step, phase_times=self.phase_times, finished_at=time.time())
+                record = dict(step=self.log_step, phases=self.phase_summaries(lane), finished_at=time.time())
                 atomic_write_bytes(os.path.join(lane.run_dir, FINISHED_FILE), json.dumps(record).encode())
-                print(f'Run finished: {lane.run_dir}', flush=True)
+                print('\n'.join(self.summary_lines(lane)), flush=True)

@@ -73,6 +73,7 @@ class Dataset(Mapping):
     """
 
     def __init__(self, fields, frame_stack=None, p_aug=None, seed=None, obs_store=None, next_index=None):
+        self.source = None  # The file the data came from, for messages (set by the loaders).
         self._dict = dict(fields)
         self._obs_store = obs_store
         self._next_index = next_index
@@ -160,6 +161,7 @@ class Dataset(Mapping):
             fields, frame_stack=self.frame_stack, p_aug=self.p_aug, obs_store=obs_store, next_index=next_index
         )
         new.rng.bit_generator.state = self.rng.bit_generator.state
+        new.source = self.source
         return new
 
     def take_first(self, size):

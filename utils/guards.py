@@ -95,6 +95,16 @@ def tree_is_finite(tree):
     return bool(_all_finite(device_leaves)) if device_leaves else True
 
 
+def non_finite_fields(transition):
+    """Names of the float fields of one environment transition that hold NaN/inf (images are never checked)."""
+    bad = []
+    for key, value in transition.items():
+        value = np.asarray(value)
+        if np.issubdtype(value.dtype, np.floating) and not np.isfinite(value).all():
+            bad.append(key)
+    return bad
+
+
 def check_finite(info, step, params=None, last_checkpoint=None, seed=None):
     """Raises `NonFiniteError` when a value of `info`, or a leaf of `params` when given, is NaN or infinite;
     `seed` (a multi-seed run) is named in the message."""
@@ -192,6 +202,8 @@ def check_dataset_matches_env(dataset, env, frame_stack=None):
     on the last axis, as `FrameStackWrapper` does.
     """
     name = getattr(getattr(env, 'spec', None), 'id', None) or type(getattr(env, 'unwrapped', env)).__name__
+    source = getattr(dataset, 'source', None)
+    what = f'the dataset {source}' if source else 'the dataset'
     if frame_stack is None:
         frame_stack = getattr(dataset, 'frame_stack', None)
     obs_shape = tuple(np.shape(dataset['observations'])[1:])
@@ -203,13 +215,13 @@ def check_dataset_matches_env(dataset, env, frame_stack=None):
         if env_obs_shape not in accepted:
             stacked = f' ({frame_stack} stacked frames: {accepted[-1]})' if len(accepted) > 1 else ''
             raise DatasetMismatchError(
-                f'the dataset does not fit environment {name}: dataset observations are {obs_shape} per step'
+                f'{what} does not fit environment {name}: dataset observations are {obs_shape} per step'
                 f'{stacked}, the environment observes {env_obs_shape}; check the env name and the dataset path'
             )
     action_shape = tuple(np.shape(dataset['actions']))
     env_action_shape = _space_shape(env.action_space)
     if env_action_shape and len(action_shape) >= 2 and action_shape[-1] != env_action_shape[-1]:
         raise DatasetMismatchError(
-            f'the dataset does not fit environment {name}: dataset actions have {action_shape[-1]} dimensions, '
+            f'{what} does not fit environment {name}: dataset actions have {action_shape[-1]} dimensions, '
             f'the environment takes {env_action_shape[-1]}; check the env name and the dataset path'
         )

@@ -80,7 +80,7 @@ def _group_of(run_dir, group_by):
         with open(flags_path) as f:
             flag_dict = json.load(f)
         kept = {k: v for k, v in _flatten(flag_dict).items() if _is_group_flag(k)}
-        label = '/'.join(str(flag_dict[k]) for k in ('run_group', 'env_name') if flag_dict.get(k)) or label
+        label = _method_name(kept)
         return json.dumps(kept, sort_keys=True, default=str), label, kept
     return parent, label, None
 
@@ -89,10 +89,13 @@ def _distinguishing_labels(groups):
     """Labels naming the flags that differ between groups, when every group has flags and defaults collide."""
     labels = [label for label, _, _ in groups]
     flag_sets = [kept for _, _, kept in groups]
+    if all(kept is not None for kept in flag_sets) and len({kept.get('env_name') for kept in flag_sets}) > 1:
+        labels = [f'{label}/{kept.get("env_name")}' for label, kept in zip(labels, flag_sets, strict=True)]
     if len(set(labels)) == len(labels) or any(kept is None for kept in flag_sets):
         return [label if labels.count(label) == 1 else f'{label} #{i + 1}' for i, label in enumerate(labels)]
-    keys = sorted(set().union(*flag_sets))
-    differing = [k for k in keys if len({json.dumps(kept.get(k), default=str) for kept in flag_sets}) > 1]
+    # Keys every group has (a driver-only flag says nothing a label needs), at most a few of them.
+    keys = sorted(set.intersection(*(set(kept) for kept in flag_sets)))
+    differing = [k for k in keys if len({json.dumps(kept.get(k), default=str) for kept in flag_sets}) > 1][:3]
     result = []
     for label, kept in zip(labels, flag_sets):
         extra = ', '.join(f'{k}={kept.get(k)}' for k in differing if k not in ('run_group', 'env_name'))
@@ -119,11 +122,12 @@ def aggregate_curves(run_dirs, metric, group_by='auto'):
         groups.setdefault(key, (label, [], kept))[1].append(dict(zip(steps[keep].tolist(), values[keep].tolist())))
     labels = _distinguishing_labels(list(groups.values()))
     curves = []
-    for label, (_, runs, _) in zip(labels, groups.values()):
+    for label, (_, runs, group_flags) in zip(labels, groups.values()):
         steps = np.array(sorted(set().union(*runs)), dtype=np.float64)
         stacked = np.array([[run.get(s, np.nan) for s in steps] for run in runs])
         curves.append(
             dict(
+                flags=group_flags or {},
                 label=label,
                 steps=steps,
                 mean=np.nanmean(stacked, axis=0),
@@ -136,11 +140,76 @@ def aggregate_curves(run_dirs, metric, group_by='auto'):
     return curves
 
 
+def paper_method(flags):
+    """The paper's name for the method a run's flags select (QC, BFN-n, BFN, QC-FQL, FQL-n, FQL, RLPD, RLPD-AC,
+    QC-RLPD), or None when they match none (flattened flags.json keys)."""
+    agent = flags.get('agent.agent_name')
+    horizon = flags.get('horizon_length', flags.get('agent.horizon_length'))
+    if agent is None or horizon is None:
+        return None
+    chunked = int(horizon) > 1 and flags.get('agent.action_chunking', True)
+    if agent == 'acfql':
+        base = {'best-of-n': 'BFN', 'distill-ddpg': 'FQL'}.get(flags.get('agent.actor_type'))
+        if base is None:
+            return None
+        if int(horizon) == 1:
+            return base
+        return f'QC-{base}'.replace('QC-BFN', 'QC') if chunked else f'{base}-n'
+    if agent == 'acrlpd' and chunked:
+        return 'QC-RLPD' if flags.get('agent.bc_alpha') else 'RLPD-AC'
+    if agent == 'acrlpd' and int(horizon) == 1 and not flags.get('agent.bc_alpha'):
+        return 'RLPD'
+    return None
+
+
+def _method_name(flags):
+    """A run's method as the plots name it: its run group when one was given, else the paper's method name."""
+    group = flags.get('run_group')
+    if group and group not in ('Debug', 'runs'):  # The drivers' default group, and the one sweeps use.
+        return str(group)
+    return paper_method(flags) or str(flags.get('agent.agent_name', 'run'))
+
+
+def plot_title(curves):
+    """'env - method (H=5), offline 1000000 + online 1000000 steps' from the curves' flags (values that differ
+    between curves are joined)."""
+
+    def values(fn):
+        found = []
+        for curve in curves:
+            value = fn(curve['flags'])
+            if value not in (None, '') and value not in found:
+                found.append(value)
+        return ', '.join(str(v) for v in found)
+
+    envs = values(lambda f: f.get('env_name'))
+    methods = values(lambda f: paper_method(f) or _method_name(f))
+    horizons = values(lambda f: f.get('horizon_length', f.get('agent.horizon_length')))
+    steps = values(lambda f: ' + '.join(f'{phase} {f[k]}' for phase, k in (('offline', 'offline_steps'),
+                                        ('online', 'online_steps')) if f.get(k)))  # fmt: skip
+    title = ' - '.join(part for part in (envs, methods) if part)
+    if horizons:
+        title += f' (H={horizons})'
+    return f'{title}, {steps} steps' if steps else title
+
+
 def plot_runs(run_dirs, out_path, metrics=('success', 'return'), group_by='auto', band='std'):
-    """Plots eval curves of `run_dirs` into a PNG, one subplot per metric; returns `out_path`.
+    """Plots eval curves of `run_dirs` into a PNG, one subplot per metric; returns `out_path` (see `draw_runs`)."""
+    import matplotlib.pyplot as plt
+
+    fig = draw_runs(run_dirs, metrics=metrics, group_by=group_by, band=band)
+    os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
+    fig.savefig(out_path, dpi=120)
+    plt.close(fig)
+    return out_path
+
+
+def draw_runs(run_dirs, metrics=('success', 'return'), group_by='auto', band='std'):
+    """The matplotlib figure of `plot_runs`: one subplot per metric, titled with the env, method and H.
 
     Runs that differ only by seed form one group (see `aggregate_curves` for `group_by`); each group is drawn as its
-    mean over runs with a std (or `band='minmax'`) band.
+    mean over runs (a marker at every evaluation) with a std (or `band='minmax'`) band; the offline/online
+    boundary is marked and success is drawn on a 0-1 axis.
     """
     import matplotlib
 
@@ -152,11 +221,13 @@ def plot_runs(run_dirs, out_path, metrics=('success', 'return'), group_by='auto'
         raise FileNotFoundError('no eval.csv found in the given run directories')
     metrics = list(metrics)
     fig, axes = plt.subplots(1, len(metrics), figsize=(5 * len(metrics), 4), squeeze=False)
+    described = []
     for ax, metric in zip(axes[0], metrics):
         curves = aggregate_curves(run_dirs, metric, group_by=group_by)
+        described = described or curves
         for curve in curves:
             label = f'{curve["label"]} (n={curve["num_runs"]})'
-            line = ax.plot(curve['steps'], curve['mean'], label=label)[0]
+            line = ax.plot(curve['steps'], curve['mean'], label=label, marker='o', markersize=3)[0]
             if band == 'minmax':
                 low, high = curve['min'], curve['max']
             else:
@@ -166,15 +237,22 @@ def plot_runs(run_dirs, out_path, metrics=('success', 'return'), group_by='auto'
             ax.text(0.5, 0.5, f'no {metric} column', ha='center', va='center', transform=ax.transAxes)
         else:
             ax.legend(fontsize='small')
+        for boundary in sorted({c['flags'].get('offline_steps') for c in curves} - {None, 0}):
+            if any(c['flags'].get('online_steps') for c in curves):
+                ax.axvline(boundary, color='gray', linestyle='--', linewidth=1)
+                for text, align in (('offline  ', 'right'), ('  online', 'left')):
+                    ax.text(boundary, 0.98, text, transform=ax.get_xaxis_transform(), ha=align, va='top',
+                            color='gray', fontsize='small')  # fmt: skip
+        if metric == 'success':
+            ax.set_ylim(-0.02, 1.02)
         ax.set_xlabel('step')
         ax.set_ylabel(metric)
         ax.set_title(metric)
         ax.grid(alpha=0.3)
+    if described:
+        fig.suptitle(plot_title(described), fontsize='medium')
     fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
-    fig.savefig(out_path, dpi=120)
-    plt.close(fig)
-    return out_path
+    return fig
 
 
 def main(argv=None):
