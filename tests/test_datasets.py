@@ -339,3 +339,17 @@ def test_prefix_buffer_samples_what_a_copying_buffer_samples(frame_stack, compac
     a, b = sharing.sample_sequence(8, 3, 0.9), restored.sample_sequence(8, 3, 0.9)
     for k in a:
         np.testing.assert_array_equal(a[k], b[k])
+
+
+def test_random_crop_shifts_by_up_to_the_reference_padding():
+    from utils.datasets import AUG_PADDING, random_crop
+
+    assert AUG_PADDING == 3  # The reference pads 3 pixels before cropping.
+    # Pixel (r, c) holds r * 100 + c, so a crop's offset is read from its top-left pixel (interior images only).
+    h = w = 20
+    image = (np.arange(h)[:, None] * 100 + np.arange(w)[None, :]).astype(np.int32)[None, :, :, None]
+    images = np.repeat(image, 2000, axis=0)
+    (cropped,) = random_crop([images], np.random.default_rng(0))
+    centre = cropped[:, 10, 10, 0]
+    dy, dx = centre // 100 - 10, centre % 100 - 10
+    assert set(dy.tolist()) == set(dx.tolist()) == set(range(-3, 4))  # Every shift in [-3, 3] occurs, no other.

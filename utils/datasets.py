@@ -11,7 +11,7 @@ from collections.abc import Mapping
 import jax
 import numpy as np
 
-AUG_PADDING = 4  # Pixels of edge padding before a random crop back to the original size.
+AUG_PADDING = 3  # Pixels of edge padding before a random crop back to the original size (the reference's 3).
 COMPARE_ROWS = 65536  # Rows compared at a time when building the compact layout.
 
 
