@@ -20,6 +20,9 @@ from utils.errors import UserError
 GYMNASIUM_ROBOTICS_INSTALL = 'pip install gymnasium-robotics==1.4.2 pettingzoo==1.27.0'
 
 
+RENDERING_HINT = 'set MUJOCO_GL=egl on a GPU node, or MUJOCO_GL=osmesa on a CPU (apt-get install -y libosmesa6)'
+
+
 class EnvError(UserError):
     """A problem the user can fix (unknown name, missing data, missing package); its message is one actionable line."""
 

@@ -10,10 +10,11 @@ import os
 import subprocess
 import sys
 
+from envs.common import RENDERING_HINT
+
 CANDIDATES = ('egl', 'osmesa')
 DISABLED = 'disable'  # MuJoCo's and dm_control's value for "no rendering".
 PROBE_TIMEOUT = 60
-RENDER_HINT = 'set MUJOCO_GL=egl on a GPU node, or MUJOCO_GL=osmesa on a CPU (apt-get install -y libosmesa6)'
 
 # Renders one frame of a one-sphere model; EGL can create a context on some machines and still fail to render.
 _PROBE = """
@@ -64,7 +65,7 @@ def choose_gl_backend(environ=None):
             _choice.update(backend=working[0], reason=None)
         else:
             tried = '; '.join(f'{backend}: {error}' for backend, error in errors.items())
-            _choice.update(backend=DISABLED, reason=f'no OpenGL backend renders here ({tried}); {RENDER_HINT}')
+            _choice.update(backend=DISABLED, reason=f'no OpenGL backend renders here ({tried}); {RENDERING_HINT}')
     environ['MUJOCO_GL'] = _choice['backend']
     if _choice['backend'] != DISABLED:
         environ.setdefault('PYOPENGL_PLATFORM', _choice['backend'])

@@ -15,6 +15,7 @@ import re
 import numpy as np
 
 from envs.common import (
+    RENDERING_HINT,
     EnvError,
     check_episode_ends,
     check_spaces,
@@ -30,10 +31,6 @@ DEFAULT_DATASET_DIR = '~/.ogbench/data'
 _NAME_RE = re.compile(
     r'^(?P<visual>visual-)?(?P<env>cube-(?:single|double|triple|quadruple|octuple)|scene|puzzle-\d+x\d+)'
     r'-(?P<type>play|noisy)(?:-(?P<size>\d+[mk]))?-singletask(?:-(?P<task>task\d+))?-(?P<version>v\d+)$'
-)
-RENDERING_HINT = (
-    'set MUJOCO_GL=egl (GPU) or MUJOCO_GL=osmesa (CPU; needs libosmesa6: apt-get install -y libosmesa6) '
-    'before starting, as MuJoCo reads it when it is first imported'
 )
 
 

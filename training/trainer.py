@@ -25,10 +25,10 @@ import jax
 import numpy as np
 import tqdm
 
-from envs.common import DataError, describe_error
+from envs.common import RENDERING_HINT, DataError, describe_error
 from envs.env_state import get_env_state
 from envs.env_utils import make_run_envs, make_seed_envs
-from envs.gl_backend import RENDER_HINT, rendering_disabled_reason
+from envs.gl_backend import rendering_disabled_reason
 from evaluation import evaluate, monitor_stats
 from log_utils import Loggers, drop_rows_after, get_exp_name, save_flags, setup_wandb
 from training.actor import OnlineActor, episode_row, policy_actions
@@ -134,7 +134,7 @@ def rendering_problem(env):
         env.reset(seed=0)  # Evaluation episodes reset with their own seeds, so this reset changes none of them.
         frame = env.render()
     except Exception as e:  # Any backend failure (mujoco.FatalError, EGLError, ...) means the same to the user.
-        return f'{describe_error(e)}; {RENDER_HINT}'
+        return f'{describe_error(e)}; {RENDERING_HINT}'
     if frame is None:
         return f'{type(env).__name__}.render() returned no frame'
     return None
