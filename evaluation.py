@@ -111,12 +111,15 @@ class EpisodeRunner:
         return np.asarray(self.env.render()).astype(np.uint8, copy=False)
 
     def stats(self):
-        """Per-episode statistics: the EpisodeMonitor summary if present, else our own return and length."""
-        stats = {'return': self.episode_return, 'length': float(self.length), **monitor_stats(self.last_info)}
-        if 'success' in self.last_info:
-            success = to_scalar(self.last_info['success'])
-            if success is not None:
-                stats['success'] = success
+        """Per-episode statistics under the reference's names: `episode.<key>` for the EpisodeMonitor summary
+        (return and length counted here when there is no monitor) and `success` (the last step's, else the
+        monitor's)."""
+        summary = monitor_stats(self.last_info)
+        success = to_scalar(self.last_info.get('success', summary.get('success')))
+        stats = {'episode.return': self.episode_return, 'episode.length': float(self.length)}
+        stats.update({f'episode.{k}': v for k, v in summary.items() if k != 'success'})
+        if success is not None:
+            stats['success'] = success
         return stats
 
 

@@ -30,6 +30,10 @@ class ACFQLAgent(flax.struct.PyTreeNode):
     network: Any
     config: Any = nonpytree_field()
 
+    # Keys of the reference's config that no loss reads (there either): accepted so reference command lines run; a
+    # driver warns when one is set.
+    INERT_CONFIG_KEYS = ('normalize_q_loss',)
+
     def _policy_actions(self, batch):
         """Dataset actions as the policy sees them: the flat chunk (B, H * A), or the first action (B, A)."""
         if self.config['action_chunking']:
@@ -212,6 +216,7 @@ class ACFQLAgent(flax.struct.PyTreeNode):
                 encoder=encoders.get(name),
                 use_fourier_features=config['use_fourier_features'],
                 fourier_feature_dim=config['fourier_feature_dim'],
+                learnable_fourier_features=config['learnable_fourier_features'],
             )
 
         network_info = dict(
@@ -261,6 +266,8 @@ def get_config():
             actor_num_samples=32,  # Flow samples ranked by the critic in best-of-n.
             use_fourier_features=False,  # Fourier features of the flow time instead of the raw scalar.
             fourier_feature_dim=64,  # Size of those Fourier features.
+            learnable_fourier_features=False,  # Trained random-projection frequencies instead of fixed sinusoids.
             weight_decay=0.0,  # AdamW weight decay when > 0, else Adam.
+            normalize_q_loss=ml_collections.config_dict.placeholder(bool),  # No effect (INERT_CONFIG_KEYS).
         )
     )

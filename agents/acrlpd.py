@@ -49,6 +49,11 @@ class ACRLPDAgent(flax.struct.PyTreeNode):
     network: Any
     config: Any = nonpytree_field()
 
+    # Keys of the reference's config that nothing reads (there either; the temperature is learned from
+    # `init_temp`, the actor has no layer norm): accepted so reference command lines run; a driver warns when one
+    # is set.
+    INERT_CONFIG_KEYS = ('alpha', 'actor_layer_norm')
+
     def critic_loss(self, batch, grad_params, rng):
         """Squared TD error of every critic toward the H-step backup, weighted by the chunk's validity."""
         next_obs = batch['next_observations'][..., -1, :]  # (B, obs): the state after the chunk
@@ -217,5 +222,7 @@ def get_config():
             horizon_length=ml_collections.config_dict.placeholder(int),  # Chunk length H; set by the launcher.
             action_chunking=True,  # Act with chunks of H actions; False: single actions with an H-step backup.
             init_temp=1.0,  # Initial temperature alpha.
+            alpha=ml_collections.config_dict.placeholder(float),  # No effect (INERT_CONFIG_KEYS).
+            actor_layer_norm=ml_collections.config_dict.placeholder(bool),  # No effect (INERT_CONFIG_KEYS).
         )
     )

@@ -67,8 +67,8 @@ def run(size='small', num_envs=10, num_episodes=20, max_episode_steps=None, agen
     )
     out['batched_s'] = time.perf_counter() - start
 
-    out['episode_length'] = seq_stats.get('length')
-    out['same_returns'] = bool(np.isclose(seq_stats.get('return', 0.0), bat_stats.get('return', 0.0)))
+    out['episode_length'] = seq_stats.get('episode.length')
+    out['same_returns'] = bool(np.isclose(seq_stats.get('episode.return', 0.0), bat_stats.get('episode.return', 0.0)))
     out['sequential_eps'] = num_episodes / out['sequential_s']
     out['batched_eps'] = num_episodes / out['batched_s']
     out['speedup'] = out['batched_eps'] / out['sequential_eps']

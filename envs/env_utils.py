@@ -23,6 +23,7 @@ import dataclasses
 
 from envs import d4rl_utils, minari_utils, ogbench_utils, robomimic_utils
 from envs.common import EnvError, EpisodeMonitor, FrameStackWrapper, RewardShiftWrapper, clip_actions
+from utils import seeding
 
 FAMILIES = {'ogbench': ogbench_utils, 'robomimic': robomimic_utils, 'd4rl': d4rl_utils, 'minari': minari_utils}
 FAMILY_EXAMPLES = (
@@ -51,8 +52,9 @@ class RunEnvs:
         env: The training environment, wrapped (see `make_env_and_datasets`) and reset with `seed`.
         eval_envs: `num_eval_envs` evaluation environments wrapped the same way; the first is the `eval_env` of
             `make_env_and_datasets` (reset with `seed + 1`), the others are those of `make_eval_envs`.
-        train_dataset: The offline training data, actions clipped, generator seeded with `seed`.
-        val_dataset: The validation data (generator seeded with `seed + 1`), or None.
+        train_dataset: The offline training data, actions clipped, generator on the run's `dataset` stream
+            (`utils.seeding`).
+        val_dataset: The validation data (generator on the `val_dataset` stream), or None.
         shards: For a sharded OGBench dataset the one `OGBenchShardCycler` of the run, whose `current()` is
             `train_dataset` and which the trainer advances; else None.
     """
@@ -124,9 +126,9 @@ def make_run_envs(
         )
         train_dataset = clip_actions(train_dataset, action_clip_eps)
         val_dataset = clip_actions(val_dataset, action_clip_eps)
-        train_dataset.seed(seed)
+        train_dataset.seed(seeding.stream(seed, 'dataset'))
     if val_dataset is not None:
-        val_dataset.seed(seed + 1)
+        val_dataset.seed(seeding.stream(seed, 'val_dataset'))
     env, eval_envs = _seeded_envs(family, env_name, env, eval_env, seed, num_eval_envs, dataset_dir, frame_stack)
     return RunEnvs(env, eval_envs, train_dataset, val_dataset, shards)
 

@@ -26,6 +26,7 @@ from envs.common import (
     load_checked,
     npz_layout,
 )
+from utils import seeding
 
 DEFAULT_DATASET_DIR = '~/.ogbench/data'
 _NAME_RE = re.compile(
@@ -174,8 +175,8 @@ class OGBenchShardCycler:
     relabelled like a regular OGBench file and its actions clipped like in `make_env_and_datasets`. A shard's
     validation set is its `-val.npz` sibling when there is one (`val_dataset()`, else None).
 
-    Seeds: the k-th shard loaded (counted from 0, whatever its index) gets the generator seed `seed + k`, so the
-    first one is seeded like the datasets of `make_env_and_datasets`.
+    Seeds: the k-th shard loaded (counted from 0, whatever its index) samples with sub-stream k of the run's
+    `dataset` stream (`utils.seeding.stream(seed, 'dataset', k)`), independent of every other shard's.
     """
 
     def __init__(
@@ -187,7 +188,7 @@ class OGBenchShardCycler:
         self.action_clip_eps = action_clip_eps
         self.index = start_index % len(self.paths)
         self.seed = seed
-        self._num_loads = 0
+        self.loads = 0  # Shards loaded so far: the next one samples with sub-stream `loads` of the dataset stream.
         # A private environment: relabelling resets it, which must not disturb the training environment.
         self._relabel_env = relabel_env if relabel_env is not None else make_ogbench_env(env_name)
         self._current = None
@@ -203,8 +204,8 @@ class OGBenchShardCycler:
     def _load(self, path):
         dataset = load_relabelled(self.env_name, path, self._relabel_env, self.compact_dataset)
         dataset = clip_actions(dataset, self.action_clip_eps)
-        dataset.seed(self.seed + self._num_loads)
-        self._num_loads += 1
+        dataset.seed(seeding.stream(self.seed, 'dataset', self.loads))
+        self.loads += 1
         return dataset
 
     def current(self):

@@ -183,7 +183,7 @@ def expand(spec, where='SPEC'):
         for env in envs:
             # Later sources win: the method's preset, the paper's domain setting, the SPEC, the method entry.
             driver = dict(per_driver.get(method.driver) or {})
-            flags = {'env_name': env, **method.flags, **domain_flags(env), **common, **driver, **extra}
+            flags = {'env_name': env, **method.flags, **domain_flags(method.name, env), **common, **driver, **extra}
             for seed in seeds:
                 run = Run(name='', method=name, env=env, seed=seed, driver=method.driver, flags=flags)
                 runs.append(dataclasses.replace(run, name=f'{base_name(run)}_sd{seed}'))

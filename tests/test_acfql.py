@@ -9,6 +9,7 @@ from helpers import random_dataset, tiny_acfql_config
 from agents.acfql import ACFQLAgent
 from utils.datasets import Dataset
 from utils.flax_utils import restore_agent, restore_agent_with_file, save_agent
+from utils.networks import FourierFeatures
 
 OBS_DIM, ACTION_DIM, H = 5, 2, 3
 
@@ -189,18 +190,51 @@ def test_batch_update_equals_sequential_updates(dataset, actor_type):
     assert not np.isclose(float(infos[0]['critic/critic_loss']), float(infos[-1]['critic/critic_loss']))
 
 
-def test_target_network_moves_by_tau_toward_the_pre_step_critic(dataset):
-    agent = make_agent(dataset, tau=0.1)
+@pytest.mark.parametrize('weight_decay', [0.0, 0.1])
+def test_target_network_moves_by_tau_toward_the_pre_step_critic(dataset, weight_decay):
+    agent = make_agent(dataset, tau=0.1, weight_decay=weight_decay)
     first, _ = agent.update(dataset.sample_sequence(16, H, 0.99))
     second, _ = first.update(dataset.sample_sequence(16, H, 0.99))
-    # As in the reference, each update averages in the critic from before its gradient step.
+    # As in the reference, each update averages in the critic and target from before its gradient step, so AdamW's
+    # decay of the target params (they are in the optimized tree) never reaches the target.
     old_critic = first.network.params['modules_critic']
     old_target = first.network.params['modules_target_critic']
     expected = jax.tree_util.tree_map(lambda c, t: 0.1 * c + 0.9 * t, old_critic, old_target)
-    assert_trees_close(second.network.params['modules_target_critic'], expected, rtol=1e-5, atol=1e-7)
+    assert_trees_close(second.network.params['modules_target_critic'], expected, rtol=1e-6, atol=1e-8)
     # The target really moved (it started equal to the critic, which changed in the first step).
     leaves = zip(jax.tree_util.tree_leaves(old_target), jax.tree_util.tree_leaves(expected))
     assert any(not np.allclose(a, b) for a, b in leaves)
+
+
+def test_grad_norm_is_the_sum_of_per_leaf_norms(dataset):
+    agent = make_agent(dataset)
+    batch = dataset.sample_sequence(16, H, 0.99)
+    _, info = agent.update(batch)
+    _, loss_rng = jax.random.split(agent.rng)  # the key `update` gives the losses
+    grads = jax.jit(jax.grad(lambda p: agent.total_loss(batch, p, rng=loss_rng)[0]))(agent.network.params)
+    norms = [float(jnp.linalg.norm(g)) for g in jax.tree_util.tree_leaves(grads)]
+    # The reference logs the sum of the per-leaf norms, which is larger than the global L2 norm.
+    np.testing.assert_allclose(info['grad/norm'], sum(norms), rtol=1e-4)
+    assert float(info['grad/norm']) > 1.5 * float(np.sqrt(np.sum(np.square(norms))))
+
+
+def test_fourier_time_features_are_fixed_sinusoids_unless_learnable(dataset):
+    times = jnp.array([[0.0], [0.3], [1.0]])
+    features = FourierFeatures(8)
+    assert features.init(jax.random.PRNGKey(0), times) == {}  # nothing to train
+    frequencies = np.exp(-np.log(10000.0) * np.arange(4) / 3)
+    angles = np.asarray(times) * frequencies
+    expected = np.concatenate([np.cos(angles), np.sin(angles)], axis=-1)
+    np.testing.assert_allclose(features.apply({}, times), expected, rtol=1e-6, atol=1e-7)
+
+    fixed = make_agent(dataset, use_fourier_features=True)
+    learned = make_agent(dataset, use_fourier_features=True, learnable_fourier_features=True)
+    assert 'ff' not in fixed.network.params['modules_actor_bc_flow']
+    assert learned.network.params['modules_actor_bc_flow']['ff']['kernel'].shape == (32, 1)
+    # The features reach the flow: its velocity depends on the time through them.
+    obs, x = dataset['observations'][:2], jnp.zeros((2, H * ACTION_DIM))
+    flow = fixed.network.select('actor_bc_flow')
+    assert not np.allclose(flow(obs, x, jnp.zeros((2, 1))), flow(obs, x, jnp.full((2, 1), 0.5)))
 
 
 def test_adamw_decays_weights_when_weight_decay_is_positive(dataset):

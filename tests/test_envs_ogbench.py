@@ -17,6 +17,7 @@ from envs import ogbench_utils
 from envs.common import EnvError
 from envs.env_utils import RunEnvs, make_env_and_datasets, make_run_envs
 from envs.generate_ogbench import generate_dataset, parse_env_name
+from utils import seeding
 
 EP_LEN = 40  # Steps per generated episode (OGBench: 1001); each episode gives EP_LEN - 1 transitions.
 ENV_NAME = 'cube-single-play-singletask-task2-v0'
@@ -111,6 +112,36 @@ def test_env_steps_and_reports_episode(loaded):
     assert {'return', 'length', 'success'} <= set(info['episode'])
 
 
+def test_env_replays_its_own_data_format(data_dir):
+    """The pinned MuJoCo/OGBench step the recorded dynamics: from a dataset state (`qpos`/`qvel`) the recorded
+    action leads to the recorded next observation.
+
+    Not bit for bit: OGBench aims each action from the effector pose MuJoCo left at the start of the last physics
+    substep, which a restored `qpos`/`qvel` does not carry (with that pose restored too the replay is exact), and
+    the files hold float32 states. That leaves small errors, largest in joint velocities and the contact flag; a
+    change of simulator, model or observation layout leaves far larger ones, as a wrong action does here.
+    """
+    data = np.load(data_dir / 'cube-single-play-v0.npz')
+    env = ogbench_utils.make_ogbench_env(ENV_NAME)
+    env.reset(seed=0)
+    qpos, qvel = data['qpos'].astype(np.float64), data['qvel'].astype(np.float64)
+    steps = [t for t in range(len(qpos) - 1) if not data['terminals'][t]]
+
+    def replay_errors(sign):
+        errors = []
+        for t in steps:
+            env.unwrapped.set_state(qpos[t], qvel[t])
+            ob, *_ = env.step(sign * data['actions'][t])
+            errors.append(np.abs(ob - data['observations'][t + 1]))
+        return np.array(errors)  # (T, 28)
+
+    errors = replay_errors(1.0)
+    positions = np.r_[0:6, 12:18, 19:28]  # joints, effector, gripper opening, cube pose (not velocities or contact)
+    assert len(steps) == 3 * (EP_LEN - 1)
+    assert errors[:, positions].max() < 1e-2 and errors.max() < 0.1 and np.median(errors) < 1e-3
+    assert np.median(replay_errors(-1.0).max(axis=1)) > 0.1  # the check tells a wrong step apart
+
+
 def test_frame_stack_and_compact(data_dir):
     env, _, train, _ = make_env_and_datasets(ENV_NAME, dataset_dir=str(data_dir), frame_stack=2, compact_dataset=True)
     assert env.reset()[0].shape == (56,)
@@ -180,6 +211,10 @@ def _rng_state(dataset):
     return json.dumps(dataset.rng.bit_generator.state, sort_keys=True)
 
 
+def _stream_state(seed, name, *index):
+    return json.dumps(seeding.generator(seed, name, *index).bit_generator.state, sort_keys=True)
+
+
 def _same_dataset(a, b):
     assert set(a.keys()) == set(b.keys()) and _rng_state(a) == _rng_state(b)
     for k in a.keys():
@@ -192,7 +227,7 @@ def test_run_envs_match_make_env_and_datasets(data_dir):
     assert isinstance(run, RunEnvs) and run.shards is None and len(run.eval_envs) == 3
     _same_dataset(run.train_dataset, train)
     _same_dataset(run.val_dataset, val)
-    assert _rng_state(train) == json.dumps(np.random.default_rng(3).bit_generator.state, sort_keys=True)
+    assert _rng_state(train) == _stream_state(3, 'dataset') and _rng_state(val) == _stream_state(3, 'val_dataset')
     # Same seeds, same states (two MuJoCo instances in one process may differ in the last bits of a step).
     for a, b in ((run.env, env), (run.eval_envs[0], eval_env)):
         np.testing.assert_allclose(a.step(np.zeros(5))[0], b.step(np.zeros(5))[0], rtol=1e-9, atol=1e-12)
@@ -212,14 +247,13 @@ def test_run_envs_build_one_shard_cycler(data_dir, tmp_path):
     _same_dataset(run.train_dataset, train)
     _same_dataset(run.val_dataset, val)
     assert np.abs(run.train_dataset['actions']).max() <= 1 - 1e-5
-    # The k-th shard loaded is seeded with `seed + k`.
-    seeds = [5, 6, 7, 8]
+    # The k-th shard loaded samples with sub-stream k of the run's dataset stream.
     datasets = [run.train_dataset] + [run.shards.next() for _ in range(3)]
     assert run.shards.index == 0
-    for seed, dataset in zip(seeds, datasets, strict=True):
-        assert _rng_state(dataset) == json.dumps(np.random.default_rng(seed).bit_generator.state, sort_keys=True)
-    assert _rng_state(run.shards.seek(2)) == json.dumps(np.random.default_rng(9).bit_generator.state, sort_keys=True)
-    assert run.shards.index == 2
+    for k, dataset in enumerate(datasets):
+        assert _rng_state(dataset) == _stream_state(5, 'dataset', k)
+    assert _rng_state(run.shards.seek(2)) == _stream_state(5, 'dataset', 4)
+    assert run.shards.index == 2 and run.shards.loads == 5
 
 
 VISUAL_NAME = 'visual-cube-single-play-singletask-task1-v0'

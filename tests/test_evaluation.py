@@ -139,8 +139,8 @@ def test_stats_averaged_without_monitor():
     env = CounterEnv(episode_length=4)
     stats, trajs, renders = evaluate(FakeAgent(2), env, ACTION_DIM, num_eval_episodes=4, seed=0)
     # Seeds 0..3: odd seeds give reward 1 per step, even seeds succeed.
-    assert stats['return'] == pytest.approx(2.0)
-    assert stats['length'] == pytest.approx(4.0)
+    assert stats['episode.return'] == pytest.approx(2.0)
+    assert stats['episode.length'] == pytest.approx(4.0)
     assert stats['success'] == pytest.approx(0.5)
     assert renders == []
     assert len(trajs) == 4
@@ -155,17 +155,19 @@ def test_stats_averaged_without_monitor():
 def test_stats_taken_from_episode_monitor():
     env = CounterEnv(episode_length=3, with_monitor=True)
     stats, _, _ = evaluate(FakeAgent(2), env, ACTION_DIM, num_eval_episodes=2, seed=4)
-    assert stats['return'] == pytest.approx((104.0 + 105.0) / 2)
-    assert stats['length'] == pytest.approx(3.0)
-    assert stats['duration'] == pytest.approx(0.5)
+    assert stats['episode.return'] == pytest.approx((104.0 + 105.0) / 2)
+    assert stats['episode.length'] == pytest.approx(3.0)
+    assert stats['episode.duration'] == pytest.approx(0.5)
     assert stats['success'] == pytest.approx(0.5)
+    # The reference's names: `success` and the monitor's summary under `episode.`, nothing bare or twice.
+    assert set(stats) == {'episode.return', 'episode.length', 'episode.duration', 'success'}
 
 
 def test_no_success_key_when_env_does_not_report_it():
     env = CounterEnv(episode_length=2, success_at_end=False)
     stats, _, _ = evaluate(FakeAgent(1), env, ACTION_DIM, num_eval_episodes=1)
     assert 'success' not in stats
-    assert stats['length'] == 2.0
+    assert stats['episode.length'] == 2.0
 
 
 def test_video_episodes_rendered_but_not_counted():
@@ -175,7 +177,7 @@ def test_video_episodes_rendered_but_not_counted():
     )
     assert env.reset_seeds == [0, 1, 2, 3]
     # Only seeds 0 and 1 count: returns 0 and 7.
-    assert stats['return'] == pytest.approx(3.5)
+    assert stats['episode.return'] == pytest.approx(3.5)
     assert len(trajs) == 2
     assert len(renders) == 2
     for frames in renders:
@@ -192,7 +194,7 @@ def test_jax_chunks_are_executed_as_numpy_actions():
 
     env = CounterEnv(episode_length=5)
     stats, _, _ = evaluate(JaxAgent(2), env, ACTION_DIM, num_eval_episodes=1, seed=1)
-    assert stats['length'] == 5.0
+    assert stats['episode.length'] == 5.0
     assert all(isinstance(a, np.ndarray) for a in env.actions[0])
 
 

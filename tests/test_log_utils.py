@@ -317,10 +317,11 @@ def test_log_video_concatenates_episodes_and_logs_to_wandb(tmp_path, fake_wandb)
 # plotting
 
 
-def write_eval_csv(run_dir, rows, prefix=''):
+def write_eval_csv(run_dir, rows, prefix='', return_key='episode.return'):
+    # `episode.return` is what evaluation logs (the reference's name); runs of earlier versions have `return`.
     loggers = log_utils.Loggers(str(run_dir))
     for step, success, ret in rows:
-        loggers.log('eval', {f'{prefix}success': success, f'{prefix}return': ret}, step=step)
+        loggers.log('eval', {f'{prefix}success': success, f'{prefix}{return_key}': ret}, step=step)
     loggers.close()
 
 
@@ -338,7 +339,7 @@ def test_plot_two_seeds_averaged_into_one_curve(tmp_path):
     write_eval_csv(group / 'sd0', [(0, 0.0, 1.0), (100, 0.5, 3.0), (200, 1.0, 5.0)])
     write_prefixed_csv(str(group / 'sd1'), [(0, 0.2, 1.0), (100, 0.7, 5.0)])  # stopped early
     other = tmp_path / 'exp' / 'bfn' / 'cube-double' / 'sd0'
-    write_eval_csv(other, [(0, 0.1, 0.0), (100, 0.1, 0.0)])
+    write_eval_csv(other, [(0, 0.1, 0.0), (100, 0.1, 0.0)], return_key='return')
 
     curves = plotting.aggregate_curves(plotting.find_run_dirs([str(tmp_path / 'exp')]), 'success')
     by_label = {c['label']: c for c in curves}
@@ -349,6 +350,12 @@ def test_plot_two_seeds_averaged_into_one_curve(tmp_path):
     np.testing.assert_allclose(qc['mean'], [0.1, 0.6, 1.0])
     np.testing.assert_allclose(qc['min'], [0.0, 0.5, 1.0])
     np.testing.assert_allclose(qc['max'], [0.2, 0.7, 1.0])
+    # Returns under the reference's name (sd0), the `eval/` prefix (sd1) and the bare name of older runs (bfn).
+    returns = {
+        c['label']: c for c in plotting.aggregate_curves(plotting.find_run_dirs([str(tmp_path / 'exp')]), 'return')
+    }
+    np.testing.assert_allclose(returns['qc/cube-double']['mean'], [1.0, 4.0, 5.0])
+    np.testing.assert_allclose(returns['bfn/cube-double']['mean'], [0.0, 0.0])
 
     out = tmp_path / 'plots' / 'curves.png'
     assert plotting.plot_runs([str(group / 'sd0'), str(group / 'sd1')], str(out)) == str(out)

@@ -75,7 +75,7 @@ def test_offline_then_online_with_utd_and_checkpoints(data_dir, tmp_path):
     # Evaluations at the interval and once after the last update of each phase, never twice on a step.
     evals = read_csv(os.path.join(run_dir, 'eval.csv'))
     assert [int(r['step']) for r in evals] == [10, 12, 22]
-    assert {'success', 'return', 'length'} <= set(evals[0])
+    assert {'success', 'episode.return', 'episode.length'} <= set(evals[0])  # the reference's names
 
     flags = json.load(open(os.path.join(run_dir, 'flags.json')))
     assert flags['agent']['horizon_length'] == 3 and flags['agent']['discount'] == flags['discount']

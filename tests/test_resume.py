@@ -24,7 +24,7 @@ TINY = [
     '--fused_steps=3',
 ]
 OFFLINE = ['--offline_steps=40', '--online_steps=0', '--log_interval=5', '--eval_interval=20', '--save_interval=10']
-TIME_COLUMNS = ('time/total', 'duration')
+TIME_COLUMNS = ('time/total', 'episode.duration')  # wall-clock values
 
 
 @pytest.fixture(scope='module')

@@ -58,7 +58,7 @@ def train(cube_dir, save_dir, agent, *args):
 def loss_rows(run_dir, name):
     """(step, {key: value}) rows of a CSV, wall-clock columns left out."""
     rows = read_csv(os.path.join(run_dir, name))
-    wall_clock = ('step', 'time/total', 'duration')
+    wall_clock = ('step', 'time/total', 'episode.duration')
     return [(r['step'], {k: float(v) for k, v in r.items() if k not in wall_clock and v}) for r in rows]
 
 

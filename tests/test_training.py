@@ -3,6 +3,7 @@ the run config from flags, and a whole (tiny) run of the trainer."""
 
 import dataclasses
 import os
+import shutil
 
 import gymnasium
 import jax
@@ -14,10 +15,13 @@ import main
 import main_online
 from agents import agents
 from agents.acfql import ACFQLAgent
-from training import Trainer
+from training import StopTraining, Trainer
+from training import trainer as trainer_module
 from training.actor import OnlineActor, episode_row
 from training.data import TRANSITION_KEYS, ChunkSampler, process_dataset
 from training.schedule import block_end
+from training.trainer import create_agents
+from utils import seeding
 from utils.datasets import ReplayBuffer
 from utils.errors import UsageError
 
@@ -165,7 +169,8 @@ def test_run_config_is_frozen_and_validated():
     run = parse_run(main.PRESET, [])
     assert run.offline_steps == 1000000 and run.random_steps == 0
     online = parse_run(main_online.PRESET, [])
-    assert online.offline_steps == 0 and online.random_steps == online.start_training - 1
+    # Random actions while step <= start_training, as the reference's main_online.py.
+    assert online.offline_steps == 0 and online.random_steps == online.start_training == 5000
     with pytest.raises(dataclasses.FrozenInstanceError):
         run.seed = 3
     for change, message in [
@@ -203,3 +208,103 @@ def test_trainer_runs_in_process(cube_dir, tmp_path):
     assert int(trainer.agent.network.step) == 1 + 6 + 3
     assert set(trainer.startup) >= {'envs and data', 'agent', 'first update'}
     assert trainer.startup_line().startswith('start-up: ')
+
+
+TINY_RUN = [
+    '--env_name=cube-single-play-singletask-task2-v0', '--agent.actor_hidden_dims=(16,16)',
+    '--agent.value_hidden_dims=(16,16)', '--agent.batch_size=8', '--eval_episodes=1', '--eval_envs=1',
+    '--horizon_length=2', '--log_interval=1',
+]  # fmt: skip
+
+
+def test_evaluations_draw_fresh_starts_that_a_resume_draws_again(cube_dir, tmp_path, monkeypatch):
+    seeds = []
+    real_evaluate = trainer_module.evaluate
+
+    def recording_evaluate(*args, **kwargs):
+        seeds.append(kwargs['seed'])
+        return real_evaluate(*args, **kwargs)
+
+    monkeypatch.setattr(trainer_module, 'evaluate', recording_evaluate)
+    base = TINY_RUN + [
+        f'--dataset_dir={cube_dir}', f'--save_dir={tmp_path}', '--agent.flow_steps=2', '--agent.actor_num_samples=2',
+        '--offline_steps=6', '--online_steps=0', '--eval_interval=2', '--save_interval=2', '--seed=3',
+    ]  # fmt: skip
+    Trainer(parse_run(main.PRESET, base + ['--exp_name=whole']), agents).train()
+    # Three evaluations (steps 2, 4, 6), three different draws from the seed's own evaluation stream.
+    whole = list(seeds)
+    stream = seeding.generator(3, 'evaluation')
+    assert whole == [int(stream.integers(0, 2**31 - 1)) for _ in range(3)] and len(set(whole)) == 3
+
+    seeds.clear()
+    cut = Trainer(parse_run(main.PRESET, base + ['--exp_name=cut']), agents)
+    cut.stop.should_stop = lambda: cut.log_step >= 2  # as if SIGTERM came during step 2
+    with pytest.raises(StopTraining):
+        cut.train()
+    assert seeds == whole[:1]
+    Trainer(parse_run(main.PRESET, base + ['--exp_name=cut', '--resume']), agents).train()
+    assert seeds == whole  # the resumed run goes on with the second and third starts
+
+
+def test_main_online_warm_up_and_shard_cycling_keep_the_episode(cube_dir, tmp_path, monkeypatch):
+    shard_dir = tmp_path / 'shards'
+    shard_dir.mkdir()
+    for i in range(3):
+        shutil.copy(os.path.join(cube_dir, 'cube-single-play-v0.npz'), shard_dir / f'cube-single-play-v0-{i:03d}.npz')
+    argv = TINY_RUN + [
+        f'--save_dir={tmp_path}', '--agent.num_qs=2', '--online_steps=7', '--start_training=3', '--eval_interval=0',
+        f'--ogbench_dataset_dir={shard_dir}', '--dataset_replace_interval=2', '--exp_name=online',
+    ]  # fmt: skip
+    trainer = Trainer(parse_run(main_online.PRESET, argv), agents)
+    random_steps, shard_steps, resets, sources = [], [], [], []
+    real_random, real_next, real_set_source = OnlineActor.random_action, trainer.shards.next, ChunkSampler.set_source
+    env_reset = trainer.lanes[0].env.reset
+
+    def random_action(actor):
+        random_steps.append(trainer.log_step)
+        return real_random(actor)
+
+    def next_shard():
+        shard_steps.append(trainer.log_step)
+        return real_next()
+
+    def reset(**kwargs):
+        resets.append(trainer.log_step)
+        return env_reset(**kwargs)
+
+    def set_source(sampler, name, source):
+        sources.append((name, source is trainer.lanes[0].dataset))
+        return real_set_source(sampler, name, source)
+
+    monkeypatch.setattr(OnlineActor, 'random_action', random_action)
+    monkeypatch.setattr(trainer.shards, 'next', next_shard)
+    monkeypatch.setattr(trainer.lanes[0].env, 'reset', reset)
+    monkeypatch.setattr(ChunkSampler, 'set_source', set_source)
+    trainer.train()
+    # Random actions on steps 1..start_training, the first update on step start_training (the reference's loop).
+    assert random_steps == [1, 2, 3]
+    rows = read_csv(os.path.join(str(tmp_path), 'Debug', 'online', 'online_agent.csv'))
+    assert [int(r['step']) for r in rows] == [3, 4, 5, 6, 7]
+    # A new shard after every 2 steps feeds the data half of the batches; the training episode goes on (the only
+    # reset is the actor's first one).
+    assert shard_steps == [2, 4, 6] and trainer.shards.index == 0 and trainer.shards.loads == 4
+    assert sources == [('data', True)] * 3
+    assert resets == [0]
+
+
+@pytest.mark.parametrize(
+    'preset, keys',
+    [(main.PRESET, {'normalize_q_loss': 'True'}), (main_online.PRESET, {'alpha': '0.2', 'actor_layer_norm': 'True'})],
+    ids=['acfql', 'acrlpd'],
+)
+def test_reference_keys_without_effect_are_accepted_with_a_warning(preset, keys, capsys):
+    tiny = ['--agent.actor_hidden_dims=(8,)', '--agent.value_hidden_dims=(8,)', '--agent.num_qs=2']
+    dataset = random_dataset(obs_dim=4, action_dim=2)
+    create_agents(agents, parse_run(preset, tiny).agent, (0,), dataset)
+    assert capsys.readouterr().out == ''  # unset: nothing to say
+    run = parse_run(preset, tiny + [f'--agent.{k}={v}' for k, v in keys.items()])
+    create_agents(agents, run.agent, (0,), dataset)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == len(keys)
+    for line, key in zip(lines, keys, strict=True):
+        assert line.startswith(f'warning: --agent.{key}=') and 'has no effect' in line

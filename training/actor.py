@@ -4,6 +4,7 @@ import jax
 import numpy as np
 
 from evaluation import ActionQueue, mean_stats
+from utils import seeding
 
 
 class OnlineActor:
@@ -23,7 +24,9 @@ class OnlineActor:
         self.state_fn = state_fn
         self.frame_dim = frame_dim
         self.last_state = None
-        self.rng = jax.random.PRNGKey(seed)
+        # Each its own stream of the run seed (`utils.seeding`): chunk keys, and uniform actions before training.
+        self.rng = jax.random.PRNGKey(seeding.int_seed(seed, 'actor'))
+        self.action_rng = seeding.generator(seed, 'random_actions')
         self.queue = ActionQueue(action_dim)
         self.observation, _ = env.reset()
 
@@ -38,9 +41,9 @@ class OnlineActor:
             self.queue.push_chunk(np.asarray(agent.sample_actions(observations=self.observation, rng=key)))
         return self.queue.pop()
 
-    def random_action(self, rng):
-        """A uniform random action in [-1, 1] (used before training starts)."""
-        return rng.uniform(-1.0, 1.0, size=self.action_dim).astype(np.float32)
+    def random_action(self):
+        """A uniform random action in [-1, 1] (the warm-up before training starts)."""
+        return self.action_rng.uniform(-1.0, 1.0, size=self.action_dim).astype(np.float32)
 
     def _stored(self, observation):
         return observation if self.frame_dim is None else observation[..., -self.frame_dim :]

@@ -94,8 +94,9 @@ class RunConfig:
 
     @property
     def random_steps(self):
-        """Online steps that take uniform random actions before the agent acts."""
-        return 0 if self.preset.replay_starts_with_data else self.start_training - 1
+        """Online steps that take uniform random actions before the agent acts: steps 1..start_training when the
+        buffer starts empty (the reference's `i <= start_training`; the first update comes at `start_training`)."""
+        return 0 if self.preset.replay_starts_with_data else self.start_training
 
     @property
     def num_seeds(self):
@@ -151,11 +152,11 @@ def define_flags(preset, flag_values=flags.FLAGS):
     flags.DEFINE_float(
         'dataset_proportion', 1.0, 'Fraction of the offline dataset to use (its first transitions).', **fv
     )
-    if preset.offline:
-        flags.DEFINE_integer('dataset_replace_interval', 1000, 'Offline steps between dataset shards.', **fv)
-        flags.DEFINE_string(
-            'ogbench_dataset_dir', None, 'Folder of OGBench dataset shards (*.npz) to cycle through.', **fv
-        )
+    flags.DEFINE_integer(
+        'dataset_replace_interval', 1000, 'Steps between dataset shards (offline updates, and online steps where '
+        'batches draw offline data).', **fv
+    )  # fmt: skip
+    flags.DEFINE_string('ogbench_dataset_dir', None, 'Folder of OGBench dataset shards (*.npz) to cycle through.', **fv)
     flags.DEFINE_integer('horizon_length', 5, 'Action chunk length H (also sets the agent config).', **fv)
     flags.DEFINE_bool('sparse', False, 'Sparse rewards: -1 on every non-success step (scene, puzzle).', **fv)
     flags.DEFINE_integer(
@@ -175,7 +176,7 @@ def define_flags(preset, flag_values=flags.FLAGS):
 
 
 # Flags of `define_flags` that only the offline preset defines, with the value an online-only run implies.
-_OFFLINE_ONLY = dict(offline_steps=0, fused_steps=1, dataset_replace_interval=0, ogbench_dataset_dir=None)
+_OFFLINE_ONLY = dict(offline_steps=0, fused_steps=1)
 
 _INT_MINIMUMS = dict(
     online_steps=0, buffer_size=1, log_interval=1, eval_interval=0, start_training=0, utd_ratio=1, eval_episodes=0,

@@ -10,6 +10,7 @@ from each, and returns `(U, B, ...)` batches for `U` updates at the run's horizo
 
 import numpy as np
 
+from utils import seeding
 from utils.datasets import Dataset, PrefixReplayBuffer, ReplayBuffer
 
 TRANSITION_KEYS = ('observations', 'actions', 'rewards', 'terminals', 'masks', 'next_observations')
@@ -47,9 +48,11 @@ def replay_capacity(run, dataset):
 
 
 def make_replay_buffer(run, dataset, seed):
-    """The replay buffer of the online phase, sampling with generator `seed`: it starts with `dataset` (read in
-    place, not copied, so several seeds share it) or empty, with the dataset's fields."""
+    """The replay buffer of the online phase of run seed `seed`, sampling on that seed's `replay` stream
+    (independent of the dataset's): it starts with `dataset` (read in place, not copied, so several seeds share it)
+    or empty, with the dataset's fields."""
     capacity = replay_capacity(run, dataset)
+    seed = seeding.stream(seed, 'replay')
     if run.preset.replay_starts_with_data:
         keys = [k for k in TRANSITION_KEYS if k in dataset]
         return PrefixReplayBuffer(

@@ -42,6 +42,7 @@ from training.data import (
 )
 from training.schedule import block_end, every, is_eval_step
 from training.seeds import SeedGroup
+from utils import seeding
 from utils.checkpoints import CheckpointManager, check_disk_space, checkpoint_steps
 from utils.errors import UsageError, UserError
 from utils.flax_utils import save_agent
@@ -51,6 +52,7 @@ from utils.plotting import metric_column, read_csv
 
 FINISHED_FILE = 'finished.json'  # Written into each run directory once its run has trained to the end.
 FUSED_BLOCK_BYTES = 256 * 2**20  # Upper bound on the host memory of one block of pre-sampled offline batches.
+EVAL_SEED_LIMIT = 2**31  # Episode seeds stay below this: JAX keys and every environment take 31-bit seeds.
 
 
 class StopTraining(UserError):
@@ -66,6 +68,13 @@ def create_agents(agent_classes, config, seeds, dataset, chunk='auto'):
     name = config.get('agent_name')
     if name not in agent_classes:
         raise UsageError(f'unknown agent_name {name!r} in the agent config; known: {", ".join(sorted(agent_classes))}')
+    for key in getattr(agent_classes[name], 'INERT_CONFIG_KEYS', ()):
+        if config.get(key) is not None:
+            print(
+                f'warning: --agent.{key}={config[key]} has no effect ({name} reads no such setting, nor does the '
+                'reference; accepted so that reference command lines run)',
+                flush=True,
+            )
     example = dataset.example()
     try:
         return SeedGroup.create(
@@ -162,11 +171,16 @@ class Lane:
     env: object
     eval_envs: list
     dataset: object  # Shares the arrays of the run's dataset; has its own sampling generator.
+    eval_rng: object = None  # Draws each evaluation's episode seeds; advances from one evaluation to the next.
     checkpoints: object = None
     loggers: object = None
     wandb_run: object = None
     resume_state: dict = None
     replay: object = None  # Made by the online phase.
+
+    def __post_init__(self):
+        if self.eval_rng is None:
+            self.eval_rng = seeding.generator(self.seed, 'evaluation')
 
     @property
     def seed(self):
@@ -221,7 +235,7 @@ class Trainer:
                     frame_stack=run.frame_stack,
                 )  # fmt: skip
                 lane_dataset = dataset.copy()  # Same arrays, own generator seeded like `--seed=s` alone.
-                lane_dataset.seed(s)
+                lane_dataset.seed(seeding.stream(s, 'dataset'))
             self.lanes.append(Lane(run.for_seed(s), name, os.path.join(group_dir, name), env, eval_envs, lane_dataset))
         self.startup['envs and data'] = time.perf_counter() - clock
         clock = time.perf_counter()
@@ -335,7 +349,11 @@ class Trainer:
             lane.resume_state = state
             if self.shards is not None and state.get('shard_index') is not None:
                 lane.dataset = self._process(self.shards.seek(state['shard_index']))
+                # The next shard samples with the stream it had before (checkpoints of earlier versions lack it).
+                self.shards.loads = state.get('shard_loads', self.shards.loads)
             lane.dataset.rng.bit_generator.state = state['dataset_rng']
+            if state.get('eval_rng') is not None:  # absent from checkpoints of earlier versions
+                lane.eval_rng.bit_generator.state = state['eval_rng']
         print(f'Resuming {self.exp_name} at step {self.log_step} ({first["phase"]} phase).', flush=True)
 
     def _resume_point(self, phase):
@@ -372,6 +390,8 @@ class Trainer:
                 agent=agent_states[i],
                 dataset_rng=lane.dataset.rng.bit_generator.state,
                 shard_index=None if self.shards is None else self.shards.index,
+                shard_loads=None if self.shards is None else self.shards.loads,
+                eval_rng=lane.eval_rng.bit_generator.state,
                 phase_times=dict(self.phase_times),
                 wandb_id=None if lane.wandb_run is None else lane.wandb_run.id,
                 online=None if online is None else online[i],
@@ -381,10 +401,16 @@ class Trainer:
             lane.checkpoints.prune()
 
     def evaluate(self):
-        """Evaluates every seed's current agent (reset seeds fixed per seed, independent of the step); logs `eval`."""
+        """Evaluates every seed's current agent on fresh episode starts and logs `eval`.
+
+        Each evaluation draws one base seed from the seed's evaluation generator (checkpointed, so a resumed run draws
+        what the uninterrupted one draws); episode i then resets with `base + i` and samples with keys of its own, so
+        the episodes do not depend on the number of environment copies.
+        """
         run = self.run
         successes = []
         for i, lane in enumerate(self.lanes):
+            episodes = run.eval_episodes + run.video_episodes
             stats, _, renders = evaluate(
                 self.agents.agent(i),
                 lane.eval_envs[0],
@@ -392,7 +418,7 @@ class Trainer:
                 num_eval_episodes=run.eval_episodes,
                 num_video_episodes=run.video_episodes,
                 video_frame_skip=run.video_frame_skip,
-                seed=lane.seed * 100_000,
+                seed=int(lane.eval_rng.integers(0, EVAL_SEED_LIMIT - episodes)),
                 record_trajectories=False,
                 envs=lane.eval_envs if len(lane.eval_envs) > 1 else None,
             )
@@ -472,8 +498,7 @@ class Trainer:
             while i < run.offline_steps:
                 if every(i + 1, replace_interval):
                     # Shards come with one seed only (`validate`).
-                    self.lanes[0].dataset = self._process(self._next_shard(i))
-                    samplers[0].set_source('data', self.lanes[0].dataset)
+                    self._next_shard(samplers[0], 'offline', i)
                 end = block_end(
                     i,
                     max_block,
@@ -498,17 +523,21 @@ class Trainer:
             bar.close()
         self.phase_times['offline_time'] = time.time() - phase_start
 
-    def _next_shard(self, step):
-        """The next dataset shard; a shard that fails its checks stops the run with its one line, after a
-        checkpoint at `step` that a `--resume` continues from (on the shard before it)."""
-        index = self.shards.index
+    def _next_shard(self, sampler, phase, step, online_state=None):
+        """Moves the (single-seed) run and its `sampler` on to the next dataset shard. A shard that fails its checks
+        stops the run with its one line, after a checkpoint at `step` of `phase` that a `--resume` continues from (on
+        the shard before it)."""
+        index, loads = self.shards.index, self.shards.loads
         try:
-            return self.shards.next()
+            shard = self.shards.next()
         except UserError as e:
-            self.shards.index = index  # The checkpoint must name the shard this step trained on.
-            self.save_checkpoint('offline', step)
+            # The checkpoint must name the shard this step trained on.
+            self.shards.index, self.shards.loads = index, loads
+            self.save_checkpoint(phase, step, online=online_state() if online_state else None)
             self.finish(quiet=True)
             raise DataError(f'{e} (stopped at step {self.log_step}; checkpoint written, continue with --resume)') from e
+        self.lanes[0].dataset = self._process(shard)
+        sampler.set_source('data', self.lanes[0].dataset)
 
     def online_phase(self):
         """`online_steps` environment steps with open-loop chunks, adding every transition to the replay buffers.
@@ -524,11 +553,11 @@ class Trainer:
         if start is None:
             return
         data_count, replay_count = source_counts(run.batch_size, run.preset.online_data_fraction)
-        samplers, actors, action_rngs = [], [], []
+        samplers, actors = [], []
         finished = [[] for _ in self.lanes]  # `monitor_stats` of each seed's episodes since its last `env` row.
         states = [dict(steps=[], qpos=[], qvel=[], button_states=[]) for _ in self.lanes]
         for j, lane in enumerate(self.lanes):
-            lane.replay = make_replay_buffer(run, lane.dataset, seed=lane.seed)
+            lane.replay = make_replay_buffer(run, lane.dataset, seed=lane.seed)  # on the seed's `replay` stream
             samplers.append(
                 ChunkSampler(
                     [('data', lane.dataset, data_count), ('replay', lane.replay, replay_count)],
@@ -546,12 +575,11 @@ class Trainer:
                     frame_dim=self.dataset['observations'].shape[-1] if run.frame_stack else None,
                 )
             )
-            action_rngs.append(np.random.default_rng(lane.seed))
             if start > 0:
                 saved = lane.resume_state['online']
                 lane.replay.load_state(saved['buffer'])
                 actors[j].rng = jax.numpy.asarray(saved['actor_rng'])
-                action_rngs[j].bit_generator.state = saved['action_rng']
+                actors[j].action_rng.bit_generator.state = saved['action_rng']
                 finished[j] = list(saved['finished_episodes'])
                 states[j] = {k: list(v) for k, v in saved['states'].items()}
 
@@ -560,13 +588,16 @@ class Trainer:
                 dict(
                     buffer=lane.replay.state_dict(),
                     actor_rng=np.asarray(actors[j].rng),
-                    action_rng=action_rngs[j].bit_generator.state,
+                    action_rng=actors[j].action_rng.bit_generator.state,
                     finished_episodes=list(finished[j]),
                     states=states[j],
                 )
                 for j, lane in enumerate(self.lanes)
             ]
 
+        # Shards also cycle online where batches draw offline data (`main_online.py`); `main.py`'s replay buffer keeps
+        # the shard it started with, as in the reference.
+        cycle_shards = self.shards is not None and data_count > 0 and run.dataset_replace_interval > 0
         phase_start = time.time() - self.phase_times.get('online_time', 0.0)
         bar = tqdm.trange(
             start + 1, run.online_steps + 1, initial=start, total=run.online_steps, desc='online', dynamic_ncols=True,
@@ -574,9 +605,13 @@ class Trainer:
         )  # fmt: skip
         try:
             for i in bar:
+                if cycle_shards and i > 1 and every(i - 1, run.dataset_replace_interval):
+                    # After every `dataset_replace_interval` steps, when the reference's `main_online.py` loads one;
+                    # the training environment keeps its episode.
+                    self._next_shard(samplers[0], 'online', i - 1, online_state)
                 self.log_step += 1
                 if i <= run.random_steps:
-                    actions = [actor.random_action(rng) for actor, rng in zip(actors, action_rngs, strict=True)]
+                    actions = [actor.random_action() for actor in actors]
                 else:
                     actions = policy_actions(actors, self.agents)
                 for j, lane in enumerate(self.lanes):

@@ -94,20 +94,23 @@ class TrainState(flax.struct.PyTreeNode):
         info = dict(info)
         info['grad/max'] = jnp.max(jnp.stack([jnp.max(g) for g in leaves]))
         info['grad/min'] = jnp.min(jnp.stack([jnp.min(g) for g in leaves]))
-        info['grad/norm'] = jnp.sqrt(sum(jnp.sum(jnp.square(g)) for g in leaves))
+        # The reference's `grad/norm`: the sum of the per-leaf L2 norms (not the global L2 norm).
+        info['grad/norm'] = sum(jnp.sqrt(jnp.sum(jnp.square(g))) for g in leaves)
         return self.apply_gradients(grads=grads), info
 
 
 def target_update(network, module_name, tau, source_params):
-    """New params of `network` with `modules_target_<name>` moved a `tau` step toward `source_params`' module.
+    """New params of `network` with `modules_target_<name>` set to a `tau` step from the target toward the critic,
+    both read from `source_params`.
 
-    The agents pass the params from before the gradient step as `source_params`, as the reference does, so the
-    target trails the online critic by one step.
+    The agents pass the params from before the gradient step, as the reference does: the target trails the online
+    critic by one step, and an optimizer step that touches the target itself (AdamW's weight decay reaches every
+    param) is discarded.
     """
     new_target = jax.tree_util.tree_map(
         lambda p, tp: p * tau + tp * (1 - tau),
         source_params[f'modules_{module_name}'],
-        network.params[f'modules_target_{module_name}'],
+        source_params[f'modules_target_{module_name}'],
     )
     params = dict(network.params)
     params[f'modules_target_{module_name}'] = new_target

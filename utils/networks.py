@@ -46,10 +46,11 @@ class MLP(nn.Module):
 
 
 class FourierFeatures(nn.Module):
-    """Maps a scalar time to `output_size` sin/cos features (random learnable frequencies, or fixed log-spaced)."""
+    """Maps a scalar time to `output_size` cos/sin features: fixed log-spaced frequencies (the reference's), or a
+    trained random projection when `learnable`."""
 
     output_size: int = 64
-    learnable: bool = True
+    learnable: bool = False
 
     @nn.compact
     def __call__(self, x):
@@ -93,11 +94,12 @@ class ActorVectorField(nn.Module):
     encoder: nn.Module | None = None
     use_fourier_features: bool = False
     fourier_feature_dim: int = 64
+    learnable_fourier_features: bool = False
 
     def setup(self):
         self.mlp = MLP((*self.hidden_dims, self.action_dim), activate_final=False, layer_norm=self.layer_norm)
         if self.use_fourier_features:
-            self.ff = FourierFeatures(self.fourier_feature_dim)
+            self.ff = FourierFeatures(self.fourier_feature_dim, learnable=self.learnable_fourier_features)
 
     def encode(self, observations):
         """Observation features (the observations themselves without an encoder), to reuse across flow steps."""
