@@ -273,13 +273,14 @@ def test_main_online_warm_up_and_shard_cycling_keep_the_episode(cube_dir, tmp_pa
         return env_reset(**kwargs)
 
     def set_source(sampler, name, source):
-        sources.append((name, source is trainer.lanes[0].dataset))
+        sources.append((name, source))  # kept alive, so identities stay distinct
         return real_set_source(sampler, name, source)
 
     monkeypatch.setattr(OnlineActor, 'random_action', random_action)
     monkeypatch.setattr(trainer.shards, 'next', next_shard)
     monkeypatch.setattr(trainer.lanes[0].env, 'reset', reset)
     monkeypatch.setattr(ChunkSampler, 'set_source', set_source)
+    first_dataset = trainer.lanes[0].dataset
     trainer.train()
     # Random actions on steps 1..start_training, the first update on step start_training (the reference's loop).
     assert random_steps == [1, 2, 3]
@@ -288,7 +289,9 @@ def test_main_online_warm_up_and_shard_cycling_keep_the_episode(cube_dir, tmp_pa
     # A new shard after every 2 steps feeds the data half of the batches; the training episode goes on (the only
     # reset is the actor's first one).
     assert shard_steps == [2, 4, 6] and trainer.shards.index == 0 and trainer.shards.loads == 4
-    assert sources == [('data', True)] * 3
+    # Each change hands the data source a new dataset: not the first shard's, not one used before.
+    datasets = [first_dataset] + [source for _, source in sources]
+    assert [name for name, _ in sources] == ['data'] * 3 and len({id(d) for d in datasets}) == 4
     assert resets == [0]
 
 

@@ -52,7 +52,7 @@ from utils.plotting import metric_column, read_csv
 
 FINISHED_FILE = 'finished.json'  # Written into each run directory once its run has trained to the end.
 FUSED_BLOCK_BYTES = 256 * 2**20  # Upper bound on the host memory of one block of pre-sampled offline batches.
-EVAL_SEED_LIMIT = 2**31  # Episode seeds stay below this: JAX keys and every environment take 31-bit seeds.
+EVAL_SEED_LIMIT = 2**31  # Episode seeds stay in int32 (32-bit JAX keeps only the low 32 bits of a larger seed).
 
 
 class StopTraining(UserError):
