@@ -157,18 +157,13 @@ def _vmapped_sample(agent, observations, keys):
     return jax.vmap(lambda obs, key: agent.sample_actions(observations=obs, rng=key))(observations, keys)
 
 
-def _run_batched(agent, envs, action_dim, seed, num_episodes, runner_kwargs, batch_sample_fn):
+def _run_batched(agent, envs, action_dim, seed, num_episodes, runner_kwargs):
     """Runs episodes 0..num_episodes-1 over the env copies in lockstep; returns {index: finished runner}.
 
     A copy that finishes an episode immediately starts the next unassigned one, so copies drift out of phase and
     only the copies whose queue is empty are sampled for. Results do not depend on the number of copies because
     each episode's seed and keys depend on its index only.
     """
-    if batch_sample_fn is None:
-
-        def batch_sample_fn(observations, keys):
-            return _vmapped_sample(agent, observations, keys)
-
     next_index = iter(range(num_episodes))
     finished = {}
     slots = [None] * len(envs)
@@ -191,7 +186,7 @@ def _run_batched(agent, envs, action_dim, seed, num_episodes, runner_kwargs, bat
             if pad:
                 observations = np.concatenate([observations, np.repeat(observations[:1], pad, axis=0)])
                 keys = jax.numpy.concatenate([keys, jax.numpy.repeat(keys[:1], pad, axis=0)])
-            chunks = np.asarray(batch_sample_fn(observations, keys))
+            chunks = np.asarray(_vmapped_sample(agent, observations, keys))
             for runner, chunk in zip(waiting, chunks):
                 runner.push_chunk(chunk)
         for slot, runner in enumerate(slots):
@@ -214,7 +209,6 @@ def evaluate(
     seed=0,
     record_trajectories=True,
     envs=None,
-    batch_sample_fn=None,
 ):
     """Evaluates `agent` in `env`, executing each sampled action chunk open loop.
 
@@ -230,12 +224,11 @@ def evaluate(
             same call gives the same episodes at any point of training.
         record_trajectories: Set False to skip storing per-step data (saves memory with pixel observations).
         envs: Optional list of env copies for batched evaluation: episodes run on the copies in lockstep and the
-            agent is queried once per step for all copies whose queue is empty (`env` is then unused). The
+            agent (a JAX pytree) is queried once per step, `sample_actions` vmapped over the copies whose queue is
+            empty (`env` is then unused). The
             default (None) runs episodes one after another in `env`. Episode i gets the same seed and keys either
             way; the batched policy call can differ from the single one by float rounding, which contact-rich
             simulations may amplify, so per-episode results match exactly only for deterministic policies.
-        batch_sample_fn: For batched evaluation, `fn(observations (B, ...), keys (B, 2)) -> chunks (B, ...)`;
-            by default `agent.sample_actions` vmapped over observations and keys (needs a JAX-pytree agent).
 
     Returns:
         (stats, trajectories, renders): the per-episode statistics averaged over the eval episodes; one dict of
@@ -252,7 +245,7 @@ def evaluate(
         )
 
     if envs:
-        runners = _run_batched(agent, list(envs), action_dim, seed, num_episodes, runner_kwargs, batch_sample_fn)
+        runners = _run_batched(agent, list(envs), action_dim, seed, num_episodes, runner_kwargs)
         runners = [runners[i] for i in range(num_episodes)]
     else:
         runners = [run_episode(agent, env, action_dim, seed, i, **runner_kwargs(i)) for i in range(num_episodes)]

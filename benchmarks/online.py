@@ -1,6 +1,6 @@
 """Online environment steps/s of `main.py`'s online loop, and the share of environment, policy and update.
 
-The loop is `Trainer.online_phase` without logging: `OnlineActor.step` (a policy call when the chunk queue is empty,
+The loop is `training.loops.online_loop` without logging: `OnlineActor.step` (a policy call when the chunk queue is empty,
 then one environment step), `ReplayBuffer.add_transition`, then one `batch_update` on a batch sampled like
 `main.py`'s `sample_batch` (utd_ratio 1, updates from the first step). It runs twice: as the driver does (JAX calls
 dispatched asynchronously, so an update can overlap the next environment steps), then with every part blocked and
@@ -35,7 +35,7 @@ class _TimedPolicy:
 def run(agent_name='QC', size='small', steps=None, target_s=5.0, dataset_size=10_000, log=print):
     """Benchmarks the online loop for one agent; returns steps/s as run and the blocked per-part breakdown."""
     from training.actor import OnlineActor
-    from training.data import stack_utd
+    from training.data import LOSS_FIELDS, stack_utd
     from utils.datasets import Dataset, ReplayBuffer
 
     agent, config = make_agent(agent_name, size)
@@ -46,7 +46,7 @@ def run(agent_name='QC', size='small', steps=None, target_s=5.0, dataset_size=10
     actor = OnlineActor(env, ACTION_DIM, seed=0)
 
     def sample_batch():
-        return stack_utd(buffer.sample_sequence(batch_size, horizon, discount), 1, batch_size)
+        return stack_utd(buffer.sample_sequence(batch_size, horizon, discount, fields=LOSS_FIELDS), 1, batch_size)
 
     # Warm up: compile sample_actions and batch_update (and let their signatures settle).
     warm = time.perf_counter()

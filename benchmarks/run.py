@@ -256,7 +256,7 @@ def print_seed_tables(seeds):
                 ('size', 'size', None),
                 ('seeds', 'S', None),
                 ('sequential_ups', 'sequential seed-ups', '{:.2f}'),
-                ('chunk', 'chunk', None),
+                ('seeds_per_vmap', 'seeds per vmap', None),
                 ('seed_ups', 'S-seed seed-ups', '{:.2f}'),
                 ('ratio', 'ratio', '{:.2f}'),
                 ('vmap_seed_ups', 'all-vmap seed-ups', '{:.2f}'),

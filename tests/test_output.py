@@ -15,7 +15,7 @@ import log_utils
 from envs import gl_backend
 from evaluation import evaluate
 from sweeps.presets import METHODS
-from utils import plotting
+from training import plotting
 
 ENV = 'cube-single-play-singletask-task2-v0'
 TINY = [
@@ -113,9 +113,9 @@ render_two_episodes({str(tmp_path)!r})
 
 def render_two_episodes(out_dir):
     """Renders two random-action episodes of cube-single into `out_dir`; prints the video path and frame count."""
-    from envs.env_utils import make_eval_envs
+    from envs.env_utils import make_seed_envs
 
-    env = make_eval_envs(ENV, 1)[0]
+    env = make_seed_envs(ENV, 0)[1][0]
     action_dim = env.action_space.shape[0]
     _, _, renders = evaluate(RandomChunks(action_dim), env, action_dim, num_eval_episodes=0, num_video_episodes=2)
     assert len(renders) == 2
@@ -135,7 +135,7 @@ def test_videos_are_turned_off_before_training_where_nothing_renders(data_dir, t
     trainer = Trainer(run, agents)  # Nothing has been updated yet.
     out = capsys.readouterr().out
     assert 'warning: videos are off (no OpenGL backend renders here)' in out
-    assert trainer.run.video_episodes == 0 and 'first update' not in trainer.startup
+    assert trainer.run.video_episodes == 0 and 'first update' not in trainer.startup.stages
     trainer.finish(quiet=True)
 
 

@@ -25,30 +25,33 @@ def _expand(tree):
     return jax.tree_util.tree_map(lambda x: x[None], tree)
 
 
-def _over_seeds(fn, chunk, *xs):
-    """`fn` applied to every seed's slice of `xs`: vmapped over all seeds (`chunk` None), or over `chunk` seeds at a
-    time in a loop inside the program (`chunk=1`: one seed after another)."""
-    if chunk is None:
+def _over_seeds(fn, seeds_per_vmap, *xs):
+    """`fn` applied to every seed's slice of `xs`: vmapped over all seeds (`seeds_per_vmap` None), or over
+    `seeds_per_vmap` seeds at a time in a loop inside the program (`seeds_per_vmap=1`: one seed after another)."""
+    if seeds_per_vmap is None:
         return jax.vmap(fn)(*xs)
-    return jax.lax.map(lambda args: fn(*args), xs, batch_size=chunk if chunk > 1 else None)
+    return jax.lax.map(lambda args: fn(*args), xs, batch_size=seeds_per_vmap if seeds_per_vmap > 1 else None)
 
 
-@partial(jax.jit, static_argnames='chunk')
-def _group_update(agents, batch, chunk):
-    return _over_seeds(lambda agent, b: agent.update(b), chunk, agents, batch)
+@partial(jax.jit, static_argnames='seeds_per_vmap')
+def _group_update(agents, batch, seeds_per_vmap):
+    return _over_seeds(lambda agent, b: agent.update(b), seeds_per_vmap, agents, batch)
 
 
-@partial(jax.jit, static_argnames='chunk')
-def _group_batch_update(agents, batch, chunk):
-    return _over_seeds(lambda agent, b: agent.batch_update(b), chunk, agents, batch)
+@partial(jax.jit, static_argnames='seeds_per_vmap')
+def _group_batch_update(agents, batch, seeds_per_vmap):
+    return _over_seeds(lambda agent, b: agent.batch_update(b), seeds_per_vmap, agents, batch)
 
 
-@partial(jax.jit, static_argnames='chunk')
-def _group_sample_actions(agents, observations, rngs, chunk):
-    return _over_seeds(lambda agent, obs, rng: agent.sample_actions(obs, rng=rng), chunk, agents, observations, rngs)
+@partial(jax.jit, static_argnames='seeds_per_vmap')
+def _group_sample_actions(agents, observations, rngs, seeds_per_vmap):
+    def sample(agent, obs, rng):
+        return agent.sample_actions(obs, rng=rng)
+
+    return _over_seeds(sample, seeds_per_vmap, agents, observations, rngs)
 
 
-def default_chunk():
+def default_seeds_per_vmap():
     """Seeds vmapped together by default: all of them on an accelerator, where one wide program fills the device,
     and one at a time on a CPU, where a vmapped matmul runs slower per seed than S plain ones (benchmarks/RESULTS.md)
     while one program for all seeds still saves the per-call overhead."""
@@ -58,27 +61,30 @@ def default_chunk():
 class SeedGroup:
     """The agents of `seeds`: one plain agent for one seed, else one agent pytree with a leading (S,) axis."""
 
-    def __init__(self, agents, seeds, chunk=None):
+    def __init__(self, agents, seeds, seeds_per_vmap=None):
         self.agents = agents
         self.seeds = tuple(int(s) for s in seeds)
-        self.chunk = chunk  # Seeds vmapped together (None: all); the rest loop inside the one program.
+        # Seeds vmapped together (None: all); the others loop inside the one program.
+        self.seeds_per_vmap = seeds_per_vmap
 
     @classmethod
-    def create(cls, agent_class, seeds, ex_observations, ex_actions, config, chunk='auto'):
-        """Builds the agents of `seeds`; seed `s` is identical to `agent_class.create(s, ...)`. `chunk`: how many
-        seeds are vmapped together (None: all of them; 1: each seed on its own, one after another, inside the one
-        compiled call; 'auto': `default_chunk()`)."""
+    def create(cls, agent_class, seeds, ex_observations, ex_actions, config, seeds_per_vmap='auto'):
+        """Builds the agents of `seeds`; seed `s` is identical to `agent_class.create(s, ...)`. `seeds_per_vmap`: how
+        many seeds are vmapped together (None: all of them; 1: each seed on its own, one after another, inside the one
+        compiled call; 'auto': `default_seeds_per_vmap()`)."""
         seeds = tuple(int(s) for s in seeds)
-        chunk = default_chunk() if chunk == 'auto' else chunk
-        if chunk is not None and chunk < 1:
-            raise ValueError(f'chunk must be >= 1 or None, got {chunk}')
+        seeds_per_vmap = default_seeds_per_vmap() if seeds_per_vmap == 'auto' else seeds_per_vmap
+        if seeds_per_vmap is not None and seeds_per_vmap < 1:
+            raise ValueError(f'seeds_per_vmap must be >= 1 or None, got {seeds_per_vmap}')
         if len(seeds) == 1:
             return cls(agent_class.create(seeds[0], ex_observations, ex_actions, config), seeds)
         stacked = jnp.asarray(np.asarray(seeds, dtype=np.int32))
         # One compiled initialization for all seeds (vmapped op by op, creation takes several times longer).
         create = jax.jit(jax.vmap(lambda seed: agent_class.create(seed, ex_observations, ex_actions, config)))
         agents = create(stacked)
-        return cls(agents, seeds, chunk=None if chunk is None or chunk >= len(seeds) else chunk)
+        if seeds_per_vmap is not None and seeds_per_vmap >= len(seeds):
+            seeds_per_vmap = None
+        return cls(agents, seeds, seeds_per_vmap=seeds_per_vmap)
 
     @property
     def num_seeds(self):
@@ -94,7 +100,7 @@ class SeedGroup:
         if not self.stacked:
             self.agents, info = getattr(self.agents, method)(batches[0])
             return _expand(info)
-        self.agents, info = grouped(self.agents, _stack(batches), chunk=self.chunk)
+        self.agents, info = grouped(self.agents, _stack(batches), seeds_per_vmap=self.seeds_per_vmap)
         return info
 
     def update(self, batches):
@@ -109,7 +115,9 @@ class SeedGroup:
         """Actions of every seed, `observations[i]` with key `rngs[i]`, as one (S, ...) NumPy array."""
         if not self.stacked:
             return np.asarray(self.agents.sample_actions(observations[0], rng=rngs[0]))[None]
-        actions = _group_sample_actions(self.agents, _stack(observations), jnp.stack(rngs), chunk=self.chunk)
+        actions = _group_sample_actions(
+            self.agents, _stack(observations), jnp.stack(rngs), seeds_per_vmap=self.seeds_per_vmap
+        )
         return np.asarray(actions)
 
     def agent(self, i):
