@@ -48,9 +48,9 @@ class ActionQueue:
 class EpisodeRunner:
     """State of one episode in progress: the action queue, the JAX key and the trajectory so far.
 
-    Episode `index` of an evaluation call is reset with env seed `seed + index`, and its JAX key is
-    `fold_in(PRNGKey(seed), index)`, further folded with a per-episode chunk counter. Nothing depends on the agent's
-    own key, on how many episodes the call runs, or on the order in which episodes (or env copies) are processed.
+    Episode `index` of an evaluation call is reset with env seed `seed + index`, and its chunk k is sampled with the
+    JAX key `episode_key(seed, index, k)`, made inside the compiled policy call. Nothing depends on the agent's own
+    key, on how many episodes the call runs, or on the order in which episodes (or env copies) are processed.
     """
 
     def __init__(self, env, action_dim, seed, index, render_every=0, record=True):
@@ -60,7 +60,7 @@ class EpisodeRunner:
         self.index = index
         self.render_every = render_every
         self.record = record
-        self._key = jax.random.fold_in(jax.random.PRNGKey(seed), index)
+        self.seed = seed
         self._num_chunks = 0
         self.frames = []
         self.trajectory = {'observation': [], 'action': [], 'reward': [], 'done': [], 'info': []}
@@ -77,11 +77,10 @@ class EpisodeRunner:
         """True when the agent must be queried before this episode can step."""
         return not self.done and self.queue.empty
 
-    def next_key(self):
-        """Fresh JAX key for the next chunk of this episode."""
-        key = jax.random.fold_in(self._key, self._num_chunks)
+    def next_chunk(self):
+        """The index of the next chunk of this episode (its key is `episode_key(seed, index, chunk)`)."""
         self._num_chunks += 1
-        return key
+        return self._num_chunks - 1
 
     def push_chunk(self, chunk):
         """Queues the actions of a chunk sampled for this episode."""
@@ -141,20 +140,50 @@ def mean_stats(per_episode):
     return {k: float(np.mean([s[k] for s in per_episode if k in s])) for k in keys}
 
 
+def episode_key(seed, index, chunk):
+    """The JAX key of chunk `chunk` of episode `index` of an evaluation with base seed `seed`."""
+    return jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(seed), index), chunk)
+
+
+def _sample(agent, observation, seed, index, chunk):
+    return agent.sample_actions(observations=observation, rng=episode_key(seed, index, chunk))
+
+
+def _fetch(chunks):
+    # The one wait on the device of a policy query: its actions.
+    with jax.transfer_guard_device_to_host('allow'):
+        return np.asarray(chunks)
+
+
+_sample_one = jax.jit(_sample)
+
+
+@jax.jit
+def _vmapped_sample(agent, observations, seed, indices, chunks):
+    return jax.vmap(_sample, in_axes=(None, 0, None, 0, 0))(agent, observations, seed, indices, chunks)
+
+
 def run_episode(agent, env, action_dim, seed, index, render_every=0, record=True):
-    """Runs one episode to completion; returns its `EpisodeRunner`."""
+    """Runs one episode to completion; returns its `EpisodeRunner`. A JAX-pytree agent samples in one compiled call
+    per chunk; any other object with `sample_actions` gets the episode's key."""
     runner = EpisodeRunner(env, action_dim, seed, index, render_every=render_every, record=record)
+    compiled = _is_pytree(agent)
     while not runner.done:
         if runner.needs_chunk:
-            chunk = agent.sample_actions(observations=runner.observation, rng=runner.next_key())
-            runner.push_chunk(chunk)
+            chunk = runner.next_chunk()
+            if compiled:
+                runner.push_chunk(_fetch(_sample_one(agent, runner.observation, seed, index, chunk)))
+            else:
+                key = episode_key(seed, index, chunk)
+                runner.push_chunk(agent.sample_actions(observations=runner.observation, rng=key))
         runner.step()
     return runner
 
 
-@jax.jit
-def _vmapped_sample(agent, observations, keys):
-    return jax.vmap(lambda obs, key: agent.sample_actions(observations=obs, rng=key))(observations, keys)
+def _is_pytree(agent):
+    """Whether `agent` is a JAX pytree of arrays (the agents are), which a compiled call can take."""
+    leaves = jax.tree_util.tree_leaves(agent)
+    return bool(leaves) and all(isinstance(x, jax.Array | np.ndarray | np.generic) for x in leaves)
 
 
 def _run_batched(agent, envs, action_dim, seed, num_episodes, runner_kwargs):
@@ -179,14 +208,12 @@ def _run_batched(agent, envs, action_dim, seed, num_episodes, runner_kwargs):
     while any(runner is not None for runner in slots):
         waiting = [runner for runner in slots if runner is not None and runner.needs_chunk]
         if waiting:
-            observations = np.stack([runner.observation for runner in waiting])
-            keys = jax.numpy.stack([runner.next_key() for runner in waiting])
-            # Padding to the number of copies keeps one input shape, so a jitted sampler compiles once.
-            pad = len(envs) - len(waiting)
-            if pad:
-                observations = np.concatenate([observations, np.repeat(observations[:1], pad, axis=0)])
-                keys = jax.numpy.concatenate([keys, jax.numpy.repeat(keys[:1], pad, axis=0)])
-            chunks = np.asarray(_vmapped_sample(agent, observations, keys))
+            # Padded to the number of copies (repeating the first row), so the compiled sampler has one input shape.
+            rows = waiting + waiting[:1] * (len(envs) - len(waiting))
+            observations = np.stack([runner.observation for runner in rows])
+            indices = np.array([runner.index for runner in rows], dtype=np.int32)
+            chunk_ids = np.array([runner.next_chunk() for runner in waiting] + [0] * (len(rows) - len(waiting)))
+            chunks = _fetch(_vmapped_sample(agent, observations, seed, indices, chunk_ids.astype(np.int32)))
             for runner, chunk in zip(waiting, chunks):
                 runner.push_chunk(chunk)
         for slot, runner in enumerate(slots):

@@ -230,9 +230,9 @@ def test_batched_evaluation_matches_sequential(monkeypatch):
     calls = []
     vmapped_sample = evaluation._vmapped_sample
 
-    def counted_sample(agent, observations, keys):
+    def counted_sample(agent, observations, *key_parts):
         calls.append(len(observations))
-        return vmapped_sample(agent, observations, keys)
+        return vmapped_sample(agent, observations, *key_parts)
 
     monkeypatch.setattr(evaluation, '_vmapped_sample', counted_sample)
     stats_b, trajs_b, renders_b = evaluate(agent, None, ACTION_DIM, envs=copies, **kwargs)

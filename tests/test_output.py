@@ -75,6 +75,9 @@ def test_driver_output_is_quiet_and_ends_with_a_summary(data_dir, tmp_path):
     assert not [line for line in proc.stdout.splitlines() if NOISE.search(line)], proc.stdout
     run_dir = os.path.join(str(tmp_path), 'Debug', 'quiet')
     lines = proc.stdout.splitlines()
+    # What was compiled and what came from the persistent compilation cache (the suite's, shared with drivers).
+    assert [line for line in lines if re.fullmatch(r'compiles: \d+ programs in [\d.]+ s: \d+ compiled, \d+ loaded '
+                                                    r'from the cache in \S+', line)], lines  # fmt: skip
     start = lines.index(f'Summary of {run_dir}')
     offline, online = lines[start + 1], lines[start + 2]
     assert re.fullmatch(r'  offline 10 steps, 10 updates in \d+ s \([\d.]+ updates/s\); eval at step 10: '

@@ -17,7 +17,7 @@ from agents import agents
 from agents.acfql import ACFQLAgent
 from training import StopTraining, Trainer
 from training import hooks as hooks_module
-from training.actor import OnlineActor, episode_row
+from training.actor import OnlineActor, episode_row, policy_actions
 from training.data import TRANSITION_KEYS, ChunkSampler, process_dataset
 from training.schedule import block_end
 from training.setup import create_agents
@@ -90,14 +90,16 @@ class CountingEnv(gymnasium.Env):
 
 
 class ChunkAgent:
-    """Returns a chunk of 3 actions whose entries count the calls."""
+    """Returns a chunk of 3 actions whose entries count the calls; records the chunk indices it was given."""
 
     def __init__(self):
         self.calls = 0
+        self.indices = []
 
-    def sample_actions(self, observations, rng):
+    def sample_chunks(self, observations, key_seeds, indices):
         self.calls += 1
-        return np.full(6, self.calls / 100.0, np.float32)
+        self.indices.extend(indices.tolist())
+        return np.full((len(observations), 6), self.calls / 100.0, np.float32)
 
 
 def test_online_actor_samples_a_chunk_only_when_the_queue_is_empty_and_clears_it_on_reset():
@@ -105,7 +107,7 @@ def test_online_actor_samples_a_chunk_only_when_the_queue_is_empty_and_clears_it
     agent = ChunkAgent()
     transitions = []
     for _ in range(10):
-        transition, _, done = actor.step(agent)
+        transition, _, done = actor.step(policy_actions([actor], agent.sample_chunks)[0])
         transitions.append((transition, done))
     # Steps 1-3 chunk 1, 4-6 chunk 2, step 7 chunk 3 then the episode ends and the queue is dropped.
     expected_calls = [1, 1, 1, 2, 2, 2, 3, 4, 4, 4]
@@ -115,6 +117,7 @@ def test_online_actor_samples_a_chunk_only_when_the_queue_is_empty_and_clears_it
     t, _ = transitions[6]
     assert t['terminals'] == 1.0 and t['masks'] == 0.0 and t['rewards'] == 0.0
     assert transitions[7][0]['observations'][0] == 0.0  # the env was reset
+    assert agent.indices == [0, 1, 2, 3] and actor.chunks == 4  # each chunk its own key index
 
 
 def test_env_metrics_are_averaged_over_the_episodes_of_a_log_interval():

@@ -83,6 +83,9 @@ class RunConfig:
     save_interval: int = setting(-1, 'Steps between checkpoints (<= 0: none).')
     start_training: int = setting(5000, 'Online step from which the agent is updated.', minimum=0)
     utd_ratio: int = setting(1, 'Updates per online environment step (fused into one batch_update).', minimum=1)
+    fuse_online_updates: bool = setting(True, 'Run the online updates of the steps between two reads of the agents '
+                                        '(policy query, log, evaluation, checkpoint) as one compiled call: the same '
+                                        'updates in the same order (False: one call per step, as the reference).')
     eval_episodes: int = setting(50, 'Evaluation episodes.', minimum=0)
     video_episodes: int = setting(0, 'Rendered evaluation episodes.', minimum=0)
     video_frame_skip: int = setting(3, 'Keep one rendered frame every this many steps.', minimum=1)
@@ -105,6 +108,10 @@ class RunConfig:
     keep_checkpoints: int = setting(3, 'Full training checkpoints kept in <run_dir>/checkpoints.', minimum=1)
     max_runtime: float = setting(0.0, 'Seconds after which the run checkpoints and exits cleanly (0: no limit).',
                                  minimum=0.0)
+    compilation_cache_dir: str | None = setting(
+        None, 'Persistent XLA compilation cache, shared by runs with the same shapes (a sweep, a requeued job) so that '
+        'they load their compiled programs instead of compiling them again; safe for concurrent processes. Default: '
+        '$JAX_COMPILATION_CACHE_DIR, else ~/.cache/qc-jax/xla; "none": off.', kind=str)
     preset: Preset = None  # The driver's preset.
     agent: Any = None  # The agent ConfigDict; holds horizon_length and discount.
 

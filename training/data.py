@@ -123,6 +123,14 @@ class ChunkSampler:
         return {k: np.concatenate([b[k] for b in blocks]) for k in blocks[0]}
 
 
+def join_steps(steps):
+    """One batch per seed for the updates of several steps: `steps[t][i]` is seed i's (U, B, ...) batch of step t;
+    returns seed i's batches joined in step order, (T * U, B, ...)."""
+    if len(steps) == 1:
+        return steps[0]
+    return [{k: np.concatenate([step[i][k] for step in steps]) for k in steps[0][i]} for i in range(len(steps[0]))]
+
+
 def source_counts(batch_size, data_fraction):
     """(data, replay) chunks per batch for a share `data_fraction` of data (`main_online.py`: B // 2 and the rest)."""
     data = int(batch_size * data_fraction)

@@ -10,7 +10,6 @@ import os
 import pickle
 import time
 
-import jax
 import numpy as np
 import tqdm
 
@@ -31,12 +30,6 @@ class StopTraining(UserError):
 
     exit_code = 0
     prefix = ''
-
-
-def seed_infos(info, num_seeds):
-    """Python-float info dicts, one per seed, of a (S,)-leading JAX info dict (one device-to-host transfer)."""
-    host = jax.device_get(info)
-    return [{k: float(v[i]) for k, v in host.items()} for i in range(num_seeds)]
 
 
 def evaluate_lanes(run, agents, lanes, log_step):
@@ -65,11 +58,13 @@ def evaluate_lanes(run, agents, lanes, log_step):
 class Hooks:
     """The plumbing the loops call: one object per run, over its agents (`SeedGroup`) and lanes."""
 
-    def __init__(self, run, agents, lanes, progress, startup):
+    def __init__(self, run, agents, lanes, progress, startup, compiles):
         self.run, self.agents, self.lanes = run, agents, lanes
         self.progress = progress  # `checkpointing.Progress`: the step counter and phase times.
         self.startup = startup  # `summary.StartupClock`.
+        self.compiles = compiles  # `summary.CompileCounter`.
         self.stop = StopRequest(max_runtime=run.max_runtime or None)
+        self._stop_asked = (None, False)  # (step, answer) of the last `reads_agents`.
         self.phase = None
         self.postfix = {}
 
@@ -117,6 +112,14 @@ class Hooks:
             log_step = self.progress.log_step
             raise DataError(f'{e} (stopped at step {log_step}; checkpoint written, continue with --resume)') from e
 
+    def reads_agents(self, step):
+        """Whether the end of step `step` of the current phase reads the agents: a log row, an evaluation, a
+        checkpoint or a stop (asked once per step; `step_done` keeps the answer)."""
+        run = self.run
+        self._stop_asked = (step, self.stop.should_stop())
+        writes = every(step, run.log_interval) or every(step, run.save_interval)
+        return writes or is_eval_step(step, self.total, run.eval_interval) or self._stop_asked[1]
+
     def step_done(self, step, info):
         """End of step `step` of the current phase (of a block ending there): `info` is the (S,)-leading info of the
         step's updates (None without one). Offline, every block's info comes to the host (a NaN stops the run
@@ -128,14 +131,16 @@ class Hooks:
         if info is not None:
             self.startup.first_update_done()
             if self.phase == 'offline' or every(step, run.log_interval):
-                infos = seed_infos(info, run.num_seeds)
+                infos = self.agents.host_infos(info)
                 self._check_finite(infos)
         if infos is not None and every(step, run.log_interval):
             self._log(infos)
         if is_eval_step(step, self.total, run.eval_interval):
             self.postfix['eval_success'] = evaluate_lanes(run, self.agents, self.lanes, self.progress.log_step)
             self.bar.set_postfix(self.postfix, refresh=False)
-        stopping = self.stop.should_stop()
+        asked_step, stopping = self._stop_asked
+        if asked_step != step:
+            stopping = self.stop.should_stop()
         if every(step, run.save_interval):
             for i, lane in enumerate(self.lanes):
                 save_agent(self.agents.agent(i), lane.run_dir, self.progress.log_step)
@@ -183,6 +188,7 @@ class Hooks:
         """Closes the logs, wandb and the signal handlers; unless `quiet`, marks every seed's run as finished and
         prints where start-up time went and the summary."""
         self.stop.close()
+        self.compiles.close()
         for lane in self.lanes:
             lane.loggers.close()
             if lane.wandb_run is not None:
@@ -190,5 +196,6 @@ class Hooks:
                 lane.wandb_run = None
         if not quiet:
             print(self.startup.line(), flush=True)
+            print(self.compiles.line(), flush=True)
             for lane in self.lanes:
                 summary.finish_lane(lane, self.progress.log_step, self.progress.phase_times)

@@ -7,8 +7,6 @@ streams, environments, action queue, replay buffer, logs and checkpoints live in
 
 import dataclasses
 
-import numpy as np
-
 from envs.env_state import get_env_state
 from evaluation import monitor_stats
 from training.actor import OnlineActor, episode_row
@@ -109,7 +107,7 @@ class Lane:
         if self.replay is not None:
             online = dict(
                 buffer=self.replay.state_dict(),
-                actor_rng=np.asarray(self.actor.rng),
+                actor_chunks=self.actor.chunks,
                 action_rng=self.actor.action_rng.bit_generator.state,
                 finished_episodes=list(self.episodes),
                 states=self.states if self.states is not None else {k: [] for k in ONLINE_STATE_KEYS},
@@ -137,7 +135,8 @@ class Lane:
         if online is not None:
             self.start_online()
             self.replay.load_state(online['buffer'])
-            self.actor.rng = np.asarray(online['actor_rng'])
+            # Checkpoints of earlier versions hold a JAX key chain instead; their actor counts chunks from 0 again.
+            self.actor.chunks = int(online.get('actor_chunks', 0))
             self.actor.action_rng.bit_generator.state = online['action_rng']
             self.episodes = list(online['finished_episodes'])
             if self.states is not None:

@@ -7,6 +7,7 @@ These are the functions to edit to change what a run does; `training.trainer.Tra
 """
 
 from training.actor import policy_actions
+from training.data import join_steps
 from training.schedule import block_end, every
 
 # Upper bound on the host memory of one block of pre-sampled offline batches (image observations are large).
@@ -53,10 +54,14 @@ def online_loop(run, agents, lanes, hooks):
     """`online_steps` environment steps with open-loop chunks; every transition enters the seed's replay buffer.
 
     The seeds' environments step in lockstep: one batched policy call for the seeds whose action queue is empty,
-    then one step of every environment. From `start_training` on, each step runs `utd_ratio` updates per seed fused
-    in one `batch_update` on (utd_ratio, batch_size, ...) batches of each seed's sampler (replay only, or data and
-    replay, per the driver's preset). The first `run.random_steps` steps take uniform random actions. A resumed run
-    restores the buffers and generators and starts new episodes.
+    then one step of every environment. From `start_training` on, each step samples `utd_ratio` batches per seed
+    from each seed's sampler (replay only, or data and replay, per the driver's preset) right after its transitions
+    entered the buffers. The first `run.random_steps` steps take uniform random actions. A resumed run restores the
+    buffers and generators and starts new episodes.
+
+    With `--fuse_online_updates` (the default) the updates of the steps between two reads of the agents (a policy
+    query, a log row, an evaluation, a checkpoint) run as one `batch_update`: the same updates on the same batches,
+    in the same order, as one call per step (`--fuse_online_updates=False`, the reference's schedule).
     """
     # Shards also cycle online where batches draw offline data (`main_online.py`); `main.py`'s replay buffer keeps
     # the shard it started with, as in the reference.
@@ -64,6 +69,7 @@ def online_loop(run, agents, lanes, hooks):
     shard_interval = run.dataset_replace_interval if lanes[0].shards is not None and data_in_batches else 0
     for lane in lanes:
         lane.start_online()
+    pending = []  # Per step whose updates have not run yet: every seed's (utd_ratio, batch_size, ...) batch.
     with hooks.phase_of('online', run.online_steps) as start:
         for i in range(start + 1, run.online_steps + 1):
             # After every `dataset_replace_interval` steps (when the reference's `main_online.py` loads one); the
@@ -77,19 +83,28 @@ def online_loop(run, agents, lanes, hooks):
             if i <= run.random_steps:
                 actions = [lane.actor.random_action() for lane in lanes]
             else:
-                actions = policy_actions([lane.actor for lane in lanes], agents)
+                actions = policy_actions([lane.actor for lane in lanes], agents.sample_chunks)
             for lane, action in zip(lanes, actions, strict=True):
-                transition, info, done = lane.actor.step(action=action)
+                transition, env_info, done = lane.actor.step(action=action)
                 hooks.check_transition(lane, transition)
                 lane.replay.add_transition(transition)
-                lane.record(i, info, done)
+                lane.record(i, env_info, done)
                 lane.log_episodes(i, hooks.progress.log_step)
 
-            # Learn: `utd_ratio` updates per seed in one compiled call, each on its own batch of chunks.
-            info = None
+            # Learn: `utd_ratio` updates per seed, each on its own batch of chunks, run once the agents are read next.
             if i >= run.start_training:
-                info = agents.batch_update([lane.sampler.sample(run.utd_ratio) for lane in lanes])
+                pending.append([lane.sampler.sample(run.utd_ratio) for lane in lanes])
+            info = None
+            if pending and (not run.fuse_online_updates or len(pending) == run.horizon_length
+                            or queries_policy(run, lanes, i + 1) or hooks.reads_agents(i)):  # fmt: skip
+                info = agents.batch_update(join_steps(pending))
+                pending = []
             hooks.step_done(i, info)
+
+
+def queries_policy(run, lanes, step):
+    """Whether online step `step` starts with a policy call (some seed's action queue is empty)."""
+    return step > run.random_steps and any(lane.actor.queue.empty for lane in lanes)
 
 
 def train(run, agents, lanes, hooks):

@@ -22,6 +22,24 @@ from utils.checkpoints import CheckpointManager, check_disk_space, checkpoint_st
 from utils.errors import UsageError
 from utils.guards import check_dataset_matches_env
 
+DEFAULT_COMPILATION_CACHE = '~/.cache/qc-jax/xla'
+
+
+def use_compilation_cache(path):
+    """Turns on JAX's persistent compilation cache in `path` (None: $JAX_COMPILATION_CACHE_DIR, else
+    `DEFAULT_COMPILATION_CACHE`; 'none': off); returns the directory used, or None."""
+    if path == 'none':
+        return None
+    path = os.path.expanduser(path or os.environ.get('JAX_COMPILATION_CACHE_DIR') or DEFAULT_COMPILATION_CACHE)
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        message = f'cannot create the compilation cache {path} ({e.strerror}); choose another --compilation_cache_dir'
+        raise UsageError(message) from e
+    if jax.config.jax_compilation_cache_dir != path:
+        jax.config.update('jax_compilation_cache_dir', path)
+    return path
+
 
 def check_writable(path):
     """Refuses a `path` that could not be created or written, leaving nothing behind: a directory must be

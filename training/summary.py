@@ -4,6 +4,7 @@
 import os
 import time
 
+import jax
 import numpy as np
 
 from training import run_files
@@ -43,6 +44,42 @@ class StartupClock:
         """E.g. 'start-up: imports 4.1 s, envs and data 1.2 s, agent 0.8 s, first update 3.0 s'."""
         parts = [f'{name} {seconds:.1f} s' for name, seconds in self.stages.items() if seconds is not None]
         return 'start-up: ' + ', '.join(parts)
+
+
+class CompileCounter:
+    """Counts, while open, the programs XLA built (compiled, or loaded from the persistent compilation cache) and the
+    seconds they took."""
+
+    def __init__(self, cache_dir):
+        self.cache_dir = cache_dir
+        self.built, self.seconds, self.loaded = 0, 0.0, 0
+        self.open = True
+        jax.monitoring.register_event_listener(self._event)
+        jax.monitoring.register_event_duration_secs_listener(self._duration)
+
+    def _event(self, event, **kwargs):
+        if event == '/jax/compilation_cache/cache_hits':
+            self.loaded += 1
+
+    def _duration(self, event, seconds, **kwargs):
+        if event == '/jax/core/compile/backend_compile_duration':  # a compile, or a load from the cache
+            self.built += 1
+            self.seconds += seconds
+
+    def close(self):
+        if self.open:
+            jax.monitoring.unregister_event_listener(self._event)
+            jax.monitoring.unregister_event_duration_listener(self._duration)
+            self.open = False
+
+    def line(self):
+        """E.g. 'compiles: 7 programs in 9.2 s: 2 compiled, 5 loaded from the cache in /root/.cache/qc-jax/xla'."""
+        if not self.cache_dir:
+            return f'compiles: {self.built} programs compiled in {self.seconds:.1f} s (no compilation cache)'
+        return (
+            f'compiles: {self.built} programs in {self.seconds:.1f} s: {self.built - self.loaded} compiled, '
+            f'{self.loaded} loaded from the cache in {self.cache_dir}'
+        )
 
 
 def phase_summaries(run, run_dir, phase_times):

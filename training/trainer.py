@@ -14,7 +14,7 @@ around their steps in `training.hooks`, checkpoints in `training.checkpointing`,
 
 from training import checkpointing, loops, setup
 from training.hooks import Hooks
-from training.summary import StartupClock
+from training.summary import CompileCounter, StartupClock
 
 
 class Trainer:
@@ -23,6 +23,7 @@ class Trainer:
 
     def __init__(self, run, agent_classes):
         self.startup = StartupClock()
+        self.compiles = CompileCounter(setup.use_compilation_cache(run.compilation_cache_dir))
         self.run, self.lanes = setup.build_lanes(run)
         self.startup.lap('envs and data')
         self.agents = setup.create_agents(
@@ -35,7 +36,7 @@ class Trainer:
         progress = checkpointing.resume(self.agents, self.lanes) if self.run.resume else checkpointing.Progress()
         for lane in self.lanes:
             setup.open_logs(lane, progress.log_step, several=self.run.num_seeds > 1)
-        self.hooks = Hooks(self.run, self.agents, self.lanes, progress, self.startup)
+        self.hooks = Hooks(self.run, self.agents, self.lanes, progress, self.startup, self.compiles)
 
     @property
     def stop(self):
