@@ -18,7 +18,7 @@ if [ -n "${QC_WHEELS:-}" ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/qc-site "$QC_WHEELS"/*.whl
     export PYTHONPATH=/tmp/qc-site:$PWD
 fi
-export PYTHONUNBUFFERED=1 WANDB_MODE=disabled MUJOCO_GL=${MUJOCO_GL:-egl} JAX_PLATFORMS=${JAX_PLATFORMS:-cuda}
+export PYTHONUNBUFFERED=1 WANDB_MODE=disabled MUJOCO_GL=${MUJOCO_GL:-disable} JAX_PLATFORMS=${JAX_PLATFORMS:-cuda}
 export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-/tmp/qc-xla-cache}
 budget=${QC_GPU_BUDGET_S:-570}  # seconds for all sections together
 start=$(date +%s)

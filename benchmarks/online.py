@@ -2,10 +2,10 @@
 update schedules side by side, with a breakdown of where each online step's time goes.
 
 Each row is one run of `steps` online steps of S seeds on a small generated cube-single dataset (no logging, no
-evaluation, no checkpoints). The loop's parts are timed in place: the environment steps, the policy calls (which
-include waiting for the device to finish the updates before them), the batch sampling and the update dispatch; the
-rest of the step is `other`. After the run, the parts are measured alone: one policy call, and the updates of one
-chunk's steps (blocked), so that the bound set by the critical path can be stated next to the measured rate:
+evaluation, no checkpoints). The loop's parts are timed in place: the environment steps of all seeds, the policy
+calls (which include waiting for the device to finish the updates before them), the batch sampling and the update
+dispatch; the rest of the step is `other`. After the run, the parts are measured alone: one policy call, and the
+updates of one chunk's steps (blocked), so that the bound set by the critical path stands next to the measured rate:
 
     fused:     env + update + policy / H             (the updates of a chunk run between its last step and the query)
     per step:  env + max(0, update - env) (H-1)/H + update / H + policy / H      (each update hides behind a step)
@@ -67,7 +67,7 @@ class PartTimer:
         return timed
 
 
-def make_run(agent_name, size, num_seeds, fused, steps, save_dir, preset):
+def make_run(agent_name, size, num_seeds, fused, steps, save_dir, preset, env_threads=1):
     from training.config import RunConfig, validate
 
     config = make_config(agent_name, size)
@@ -77,7 +77,8 @@ def make_run(agent_name, size, num_seeds, fused, steps, save_dir, preset):
             preset=preset, agent=config, env_name=ENV_NAME, dataset_dir=dataset_dir(), save_dir=save_dir,
             seeds=tuple(range(num_seeds)), offline_steps=0, online_steps=steps, start_training=config.horizon_length,
             log_interval=10**9, eval_interval=0, eval_episodes=0, eval_envs=1, buffer_size=steps + 10_000,
-            fuse_online_updates=fused, exp_name=f'{agent_name}_{size}_s{num_seeds}_{"fused" if fused else "step"}',
+            fuse_online_updates=fused, env_threads=env_threads,
+            exp_name=f'{agent_name}_{size}_s{num_seeds}_{"fused" if fused else "step"}',
         )
     )  # fmt: skip
 
@@ -105,14 +106,15 @@ def alone_ms(trainer, horizon, reps=3):
     return 1e3 * min(update[1:]), 1e3 * min(policy[1:])
 
 
-def run(agent_name='QC', size='small', seeds=1, fused=True, steps=500, warmup_chunks=4, log=print):
+def run(agent_name='QC', size='small', seeds=1, fused=True, steps=500, warmup_chunks=4, env_threads=1, log=print):
     """One online run; returns its steps/s, the per-step breakdown (ms), the alone timings and the bound."""
     import jax
 
     import main
     import main_online
     from agents import agents as agent_classes
-    from training import Trainer
+    from training import Trainer, loops
+    from training.lanes import map_lanes
 
     os.environ.setdefault('WANDB_MODE', 'disabled')
     module = 'acfql' if agent_name in ('QC', 'QC-FQL', 'FQL') else 'acrlpd'
@@ -120,13 +122,14 @@ def run(agent_name='QC', size='small', seeds=1, fused=True, steps=500, warmup_ch
     with tempfile.TemporaryDirectory(prefix='qc-bench-online-') as save_dir:
         horizon = make_config(agent_name, size).horizon_length
         warm = horizon * warmup_chunks + horizon  # compiles happen in the first chunks
-        trainer = Trainer(make_run(agent_name, size, seeds, fused, steps + warm, save_dir, preset), agent_classes)
+        run_config = make_run(agent_name, size, seeds, fused, steps + warm, save_dir, preset, env_threads)
+        trainer = Trainer(run_config, agent_classes)
         timer = PartTimer(start=warm)
         agents = trainer.agents
         agents.sample_chunks = timer.wrap('policy', agents.sample_chunks)
         agents.batch_update = timer.wrap('dispatch', agents.batch_update)
-        for lane in trainer.lanes:
-            lane.env.step = timer.wrap('env', lane.env.step)
+        # The environment steps of all seeds (one after another, or on threads): the loop's `map_lanes` call.
+        loops.map_lanes = timer.wrap('env', map_lanes)
         trainer.hooks.begin_step = timer.begin(trainer.hooks.begin_step)
         original_start = type(trainer.lanes[0]).start_online
 
@@ -136,13 +139,17 @@ def run(agent_name='QC', size='small', seeds=1, fused=True, steps=500, warmup_ch
 
         for lane in trainer.lanes:
             lane.start_online = functools.partial(start_online, lane)
-        trainer.train()
+        try:
+            trainer.train()
+        finally:
+            loops.map_lanes = map_lanes
         jax.block_until_ready(agents.agents)
         wall = time.perf_counter() - timer.first_time
         parts, calls = dict(timer.seconds), dict(timer.calls)
         update_ms, policy_ms = alone_ms(trainer, horizon)
+    threads = min(env_threads, seeds)
     out = dict(agent=agent_name, size=size, seeds=seeds, schedule='fused' if fused else 'per step', steps=steps,
-               horizon=horizon, backend=jax.default_backend())  # fmt: skip
+               horizon=horizon, env_threads=threads, backend=jax.default_backend())  # fmt: skip
     out['steps_per_s'] = steps / wall
     out['seed_steps_per_s'] = seeds * steps / wall
     out['step_ms'] = 1e3 * wall / steps
@@ -162,7 +169,7 @@ def run(agent_name='QC', size='small', seeds=1, fused=True, steps=500, warmup_ch
     out['device_busy_est'] = min(1.0, (update_ms + policy_ms / horizon) / out['step_ms'])
     out['startup'] = {k: v for k, v in trainer.startup.stages.items() if v is not None}
     log(
-        f'  online {agent_name} {size} S={seeds} {out["schedule"]}: {out["steps_per_s"]:.1f} steps/s '
+        f'  online {agent_name} {size} S={seeds} {out["schedule"]} threads={threads}: {out["steps_per_s"]:.1f} steps/s '
         f'({out["step_ms"]:.2f} ms/step: ' + ', '.join(f'{p} {out[f"{p}_ms"]:.2f}' for p in (*STEP_PARTS, 'other'))
         + f'); alone: update {update_ms:.2f} ms/step, policy {policy_ms:.2f} ms; bound {bound:.2f} ms '
         f'(efficiency {out["efficiency"]:.2f})'

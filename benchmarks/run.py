@@ -73,6 +73,7 @@ def settings(quick, accelerator=False):
         ],
         online=(
             online_rows(('QC',), 'tiny', (1, 4), steps=600) + online_rows(('QC',), 'small', (1,), steps=300)
+            + [dict(agent_name='QC', size='tiny', seeds=4, fused=True, steps=600, env_threads=4)]
             + online_rows(('QC',), 'paper', (1,), steps=60)
         ),
         online_startup=[dict(agent_name='QC', size='small', seeds=s) for s in (1, 8)],
@@ -270,6 +271,7 @@ def print_tables(results, matmul):
                     ('size', 'size', None),
                     ('seeds', 'S', None),
                     ('schedule', 'schedule', None),
+                    ('env_threads', 'env threads', None),
                     ('steps_per_s', 'steps/s', '{:.1f}'),
                     ('seed_steps_per_s', 'seed-steps/s', '{:.1f}'),
                     ('step_ms', 'step', '{:.2f}'),

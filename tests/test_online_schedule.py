@@ -108,3 +108,25 @@ def test_steady_online_steps_wait_only_for_actions_and_update_once_per_chunk(cub
     assert len(samples) == 10 and len(updates) == 10
     # The loop runs the two compiled calls and no eager JAX op (keys, stacking and bookkeeping are NumPy).
     assert set(compiled.names) == {'batch_update', '_sample_chunk'}, compiled.names
+
+
+def test_seeds_environments_on_threads_give_the_serial_results(cube_dir, tmp_path):
+    base = [*TINY, '--agent.actor_num_samples=2', '--agent.flow_steps=2', f'--dataset_dir={cube_dir}',
+            f'--save_dir={tmp_path}', '--seeds=0,1,2', '--offline_steps=2', '--online_steps=12', '--start_training=1',
+            '--log_interval=4', '--eval_interval=6', '--eval_envs=2', '--eval_episodes=2']  # fmt: skip
+    runs = {}
+    for threads in (1, 3):  # one after another; one thread per seed
+        trainer = Trainer(parse_run(main.PRESET, [*base, f'--exp_name=threads{threads}', f'--env_threads={threads}']),
+                          agents)  # fmt: skip
+        trainer.train()
+        runs[threads] = trainer
+    serial, threaded = runs[1], runs[3]
+    for a, b in zip(serial.lanes, threaded.lanes, strict=True):
+        np.testing.assert_array_equal(a.replay.online['observations'], b.replay.online['observations'])
+        np.testing.assert_array_equal(a.replay.online['actions'], b.replay.online['actions'])
+        for log in (run_files.EVAL_LOG, run_files.agent_log('online')):
+            rows_a, rows_b = (read_csv(run_files.csv_path(lane.run_dir, log)) for lane in (a, b))
+            assert len(rows_a) == len(rows_b) > 0
+            for ra, rb in zip(rows_a, rows_b, strict=True):
+                assert {k: v for k, v in ra.items() if 'time' not in k and 'duration' not in k} == {
+                    k: v for k, v in rb.items() if 'time' not in k and 'duration' not in k}

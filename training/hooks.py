@@ -16,6 +16,7 @@ import tqdm
 from envs.common import DataError
 from evaluation import evaluate
 from training import checkpointing, run_files, summary
+from training.lanes import map_lanes, thread_pool
 from training.schedule import every, is_eval_step
 from utils.errors import UserError
 from utils.flax_utils import save_agent
@@ -39,15 +40,22 @@ def evaluate_lanes(run, agents, lanes, log_step):
     what the uninterrupted one draws); episode i then resets with `base + i` and samples with keys of its own, so
     the episodes do not depend on the number of environment copies.
     """
-    successes = []
     episodes = run.eval_episodes + run.video_episodes
-    for i, lane in enumerate(lanes):
-        stats, _, renders = evaluate(
+    seeds = [int(lane.eval_rng.integers(0, EVAL_SEED_LIMIT - episodes)) for lane in lanes]
+
+    def evaluate_lane(i, lane):
+        return evaluate(
             agents.agent(i), lane.eval_envs[0], lane.dataset['actions'].shape[-1],
             num_eval_episodes=run.eval_episodes, num_video_episodes=run.video_episodes,
-            video_frame_skip=run.video_frame_skip, seed=int(lane.eval_rng.integers(0, EVAL_SEED_LIMIT - episodes)),
-            record_trajectories=False, envs=lane.eval_envs if len(lane.eval_envs) > 1 else None,
+            video_frame_skip=run.video_frame_skip, seed=seeds[i], record_trajectories=False,
+            envs=lane.eval_envs if len(lane.eval_envs) > 1 else None,
         )  # fmt: skip
+
+    # The seeds' evaluations run side by side on threads (see `lanes.thread_pool`); each uses only its own envs.
+    with thread_pool(run, lanes[0].dataset['observations'].ndim - 1) as pool:
+        results = map_lanes(pool, evaluate_lane, range(len(lanes)), lanes)
+    successes = []
+    for lane, (stats, _, renders) in zip(lanes, results, strict=True):
         lane.loggers.log(run_files.EVAL_LOG, stats, log_step)
         if renders:
             lane.loggers.log_video(run_files.EVAL_LOG, renders, log_step)

@@ -5,7 +5,9 @@ streams, environments, action queue, replay buffer, logs and checkpoints live in
 `load_state_dict()` hold what a checkpoint keeps of a lane (`training.checkpointing` adds the agent and the step).
 """
 
+import contextlib
 import dataclasses
+from concurrent.futures import ThreadPoolExecutor
 
 from envs.env_state import get_env_state
 from evaluation import monitor_stats
@@ -141,3 +143,27 @@ class Lane:
             self.episodes = list(online['finished_episodes'])
             if self.states is not None:
                 self.states = {k: list(online['states'].get(k, [])) for k in ONLINE_STATE_KEYS}
+
+
+def renders(run, observation_ndim):
+    """Whether the environments of `run` render (pixel observations or videos): OpenGL contexts belong to the thread
+    that made them, so such environments stay on the main thread."""
+    return observation_ndim > 1 or run.frame_stack is not None or run.video_episodes > 0
+
+
+@contextlib.contextmanager
+def thread_pool(run, observation_ndim=1, workers=None):
+    """Threads for work on the seeds' environments: `workers` (default `--env_threads`), at most one per seed; None
+    for one seed, one thread, or environments that render. MuJoCo releases the GIL only while it simulates, so
+    threads pay where simulation dominates (building environments, heavy physics)."""
+    workers = min(workers or run.env_threads, run.num_seeds)
+    if workers <= 1 or renders(run, observation_ndim):
+        yield None
+        return
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix='seed-env') as pool:
+        yield pool
+
+
+def map_lanes(pool, fn, *args):
+    """`[fn(*a) for a in zip(*args)]`, on the pool's threads when there is one (results in order)."""
+    return list(pool.map(fn, *args)) if pool is not None else [fn(*a) for a in zip(*args, strict=True)]

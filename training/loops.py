@@ -8,6 +8,7 @@ These are the functions to edit to change what a run does; `training.trainer.Tra
 
 from training.actor import policy_actions
 from training.data import join_steps
+from training.lanes import map_lanes, thread_pool
 from training.schedule import block_end, every
 
 # Upper bound on the host memory of one block of pre-sampled offline batches (image observations are large).
@@ -70,7 +71,8 @@ def online_loop(run, agents, lanes, hooks):
     for lane in lanes:
         lane.start_online()
     pending = []  # Per step whose updates have not run yet: every seed's (utd_ratio, batch_size, ...) batch.
-    with hooks.phase_of('online', run.online_steps) as start:
+    observation_ndim = lanes[0].dataset['observations'].ndim - 1
+    with hooks.phase_of('online', run.online_steps) as start, thread_pool(run, observation_ndim) as pool:
         for i in range(start + 1, run.online_steps + 1):
             # After every `dataset_replace_interval` steps (when the reference's `main_online.py` loads one); the
             # training environment keeps its episode.
@@ -84,8 +86,8 @@ def online_loop(run, agents, lanes, hooks):
                 actions = [lane.actor.random_action() for lane in lanes]
             else:
                 actions = policy_actions([lane.actor for lane in lanes], agents.sample_chunks)
-            for lane, action in zip(lanes, actions, strict=True):
-                transition, env_info, done = lane.actor.step(action=action)
+            steps = map_lanes(pool, lambda lane, action: lane.actor.step(action), lanes, actions)  # seeds at once
+            for lane, (transition, env_info, done) in zip(lanes, steps, strict=True):
                 hooks.check_transition(lane, transition)
                 lane.replay.add_transition(transition)
                 lane.record(i, env_info, done)
