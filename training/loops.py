@@ -61,8 +61,9 @@ def online_loop(run, agents, lanes, hooks):
     buffers and generators and starts new episodes.
 
     With `--fuse_online_updates` (the default) the updates of the steps between two reads of the agents (a policy
-    query, a log row, an evaluation, a checkpoint) run as one `batch_update`: the same updates on the same batches,
-    in the same order, as one call per step (`--fuse_online_updates=False`, the reference's schedule).
+    query, a log row, an evaluation, a checkpoint, which a shard change may write) run as one `batch_update`: the
+    same updates on the same batches, in the same order, as one call per step (`--fuse_online_updates=False`, the
+    reference's schedule).
     """
     # Shards also cycle online where batches draw offline data (`main_online.py`); `main.py`'s replay buffer keeps
     # the shard it started with, as in the reference.
@@ -97,7 +98,8 @@ def online_loop(run, agents, lanes, hooks):
             if i >= run.start_training:
                 pending.append([lane.sampler.sample(run.utd_ratio) for lane in lanes])
             info = None
-            if pending and (not run.fuse_online_updates or len(pending) == run.horizon_length
+            chunk_full = len(pending) == run.horizon_length
+            if pending and (not run.fuse_online_updates or chunk_full or every(i, shard_interval)
                             or queries_policy(run, lanes, i + 1) or hooks.reads_agents(i)):  # fmt: skip
                 info = agents.batch_update(join_steps(pending))
                 pending = []
