@@ -186,44 +186,85 @@ def _is_pytree(agent):
     return bool(leaves) and all(isinstance(x, jax.Array | np.ndarray | np.generic) for x in leaves)
 
 
-def _run_batched(agent, envs, action_dim, seed, num_episodes, runner_kwargs):
-    """Runs episodes 0..num_episodes-1 over the env copies in lockstep; returns {index: finished runner}.
+def run_lockstep(sample_chunks, env_sets, action_dim, seeds, num_episodes, runner_kwargs):
+    """Runs episodes 0..num_episodes-1 of G evaluations at once, each over its own env copies, all in lockstep;
+    returns one {index: finished runner} per evaluation.
 
-    A copy that finishes an episode immediately starts the next unassigned one, so copies drift out of phase and
-    only the copies whose queue is empty are sampled for. Results do not depend on the number of copies because
-    each episode's seed and keys depend on its index only.
+    Evaluation g resets episode i with `seeds[g] + i` (`EpisodeRunner`). A copy that finishes an episode at once
+    starts the next unassigned one of its evaluation, so copies drift out of phase and only those whose queue is
+    empty are sampled for, in one call for all evaluations: `sample_chunks(observations (G, C, ...), seeds (G,),
+    indices (G, C), chunks (G, C))` returns (G, C, H * A) chunks as a NumPy array, rows padded to C copies (the
+    padding repeats a row and is discarded). Results do not depend on the number of copies, nor on G, because each
+    episode's seed and keys depend on its evaluation's seed and its index only.
     """
-    next_index = iter(range(num_episodes))
-    finished = {}
-    slots = [None] * len(envs)
+    copies = len(env_sets[0])
+    if any(len(envs) != copies for envs in env_sets):
+        raise ValueError('every evaluation needs the same number of env copies')
+    next_index = [iter(range(num_episodes)) for _ in env_sets]
+    finished = [{} for _ in env_sets]
+    slots = [[None] * copies for _ in env_sets]
+    template = [None] * len(env_sets)  # An observation of each evaluation, for padding.
 
-    def start(slot):
-        index = next(next_index, None)
-        slots[slot] = (
-            None if index is None else EpisodeRunner(envs[slot], action_dim, seed, index, **runner_kwargs(index))
+    def start(g, slot):
+        index = next(next_index[g], None)
+        runner = None
+        if index is not None:
+            runner = EpisodeRunner(env_sets[g][slot], action_dim, seeds[g], index, **runner_kwargs(index))
+            template[g] = runner
+        slots[g][slot] = runner
+
+    for g in range(len(env_sets)):
+        for slot in range(copies):
+            start(g, slot)
+    while any(runner is not None for group in slots for runner in group):
+        waiting = [[r for r in group if r is not None and r.needs_chunk] for group in slots]
+        if any(waiting):
+            # Each evaluation's rows padded to the number of copies, so the compiled sampler has one input shape.
+            rows = [w + [w[0] if w else template[g]] * (copies - len(w)) for g, w in enumerate(waiting)]
+            observations = np.stack([np.stack([r.observation for r in group]) for group in rows])
+            indices = np.array([[r.index for r in group] for group in rows], dtype=np.int32)
+            chunk_ids = np.zeros(indices.shape, dtype=np.int32)
+            for g, w in enumerate(waiting):
+                chunk_ids[g, : len(w)] = [r.next_chunk() for r in w]
+            chunks = sample_chunks(observations, np.asarray(seeds, dtype=np.int32), indices, chunk_ids)
+            for g, w in enumerate(waiting):
+                for runner, chunk in zip(w, chunks[g]):
+                    runner.push_chunk(chunk)
+        for g, group in enumerate(slots):
+            for slot, runner in enumerate(group):
+                if runner is None:
+                    continue
+                runner.step()
+                if runner.done:
+                    finished[g][runner.index] = runner
+                    start(g, slot)
+    return finished
+
+
+def summarize(runners, num_eval_episodes, record_trajectories):
+    """(stats, trajectories, renders) of the finished runners of one evaluation (see `evaluate`)."""
+    per_episode, trajectories, renders = [], [], []
+    for runner in runners:
+        if runner.index >= num_eval_episodes:
+            renders.append(np.stack(runner.frames))
+        else:
+            per_episode.append(runner.stats())
+            if record_trajectories:
+                trajectories.append(runner.trajectory)
+    stats = mean_stats(per_episode) if per_episode else {}
+    return stats, trajectories, renders
+
+
+def runner_options(num_eval_episodes, video_frame_skip, record_trajectories):
+    """The `EpisodeRunner` options of episode `index`: episodes past the eval ones are rendered video episodes."""
+
+    def options(index):
+        is_video = index >= num_eval_episodes
+        return dict(
+            render_every=max(int(video_frame_skip), 1) if is_video else 0, record=record_trajectories and not is_video
         )
 
-    for slot in range(len(envs)):
-        start(slot)
-    while any(runner is not None for runner in slots):
-        waiting = [runner for runner in slots if runner is not None and runner.needs_chunk]
-        if waiting:
-            # Padded to the number of copies (repeating the first row), so the compiled sampler has one input shape.
-            rows = waiting + waiting[:1] * (len(envs) - len(waiting))
-            observations = np.stack([runner.observation for runner in rows])
-            indices = np.array([runner.index for runner in rows], dtype=np.int32)
-            chunk_ids = np.array([runner.next_chunk() for runner in waiting] + [0] * (len(rows) - len(waiting)))
-            chunks = _fetch(_vmapped_sample(agent, observations, seed, indices, chunk_ids.astype(np.int32)))
-            for runner, chunk in zip(waiting, chunks):
-                runner.push_chunk(chunk)
-        for slot, runner in enumerate(slots):
-            if runner is None:
-                continue
-            runner.step()
-            if runner.done:
-                finished[runner.index] = runner
-                start(slot)
-    return finished
+    return options
 
 
 def evaluate(
@@ -263,27 +304,14 @@ def evaluate(
         (T, H, W, C) per video episode.
     """
     num_episodes = num_eval_episodes + num_video_episodes
-
-    def runner_kwargs(index):
-        is_video = index >= num_eval_episodes
-        return dict(
-            render_every=max(int(video_frame_skip), 1) if is_video else 0,
-            record=record_trajectories and not is_video,
-        )
-
+    runner_kwargs = runner_options(num_eval_episodes, video_frame_skip, record_trajectories)
     if envs:
-        runners = _run_batched(agent, list(envs), action_dim, seed, num_episodes, runner_kwargs)
-        runners = [runners[i] for i in range(num_episodes)]
+
+        def sample_chunks(observations, seeds, indices, chunks):
+            return _fetch(_vmapped_sample(agent, observations[0], seeds[0], indices[0], chunks[0]))[None]
+
+        finished = run_lockstep(sample_chunks, [list(envs)], action_dim, [seed], num_episodes, runner_kwargs)[0]
+        runners = [finished[i] for i in range(num_episodes)]
     else:
         runners = [run_episode(agent, env, action_dim, seed, i, **runner_kwargs(i)) for i in range(num_episodes)]
-
-    per_episode, trajectories, renders = [], [], []
-    for runner in runners:
-        if runner.index >= num_eval_episodes:
-            renders.append(np.stack(runner.frames))
-        else:
-            per_episode.append(runner.stats())
-            if record_trajectories:
-                trajectories.append(runner.trajectory)
-    stats = mean_stats(per_episode) if per_episode else {}
-    return stats, trajectories, renders
+    return summarize(runners, num_eval_episodes, record_trajectories)

@@ -254,3 +254,30 @@ def test_batched_evaluation_matches_sequential(monkeypatch):
     # Two copies give the same statistics as three.
     stats_d, _, _ = evaluate(agent, None, ACTION_DIM, envs=[VaryingLengthEnv(50) for _ in range(2)], **kwargs)
     assert stats_d == pytest.approx(stats_s, abs=1e-6)
+
+
+def test_lockstep_evaluation_of_several_agents_matches_each_alone():
+    agents = [PureAgent(scale=jnp.float32(0.1)), PureAgent(scale=jnp.float32(0.3))]
+    seeds, options = (3, 7), dict(num_eval_episodes=5, num_video_episodes=1, video_frame_skip=2)
+    alone = [
+        evaluate(agent, None, ACTION_DIM, envs=[VaryingLengthEnv(episode_length=50) for _ in range(2)], seed=seed,
+                 **options)  # fmt: skip
+        for agent, seed in zip(agents, seeds, strict=True)
+    ]
+
+    def sample_chunks(observations, key_seeds, indices, chunks):
+        return np.stack([
+            evaluation._fetch(evaluation._vmapped_sample(a, observations[g], key_seeds[g], indices[g], chunks[g]))
+            for g, a in enumerate(agents)
+        ])  # fmt: skip
+
+    env_sets = [[VaryingLengthEnv(episode_length=50) for _ in range(2)] for _ in agents]
+    kwargs = evaluation.runner_options(5, 2, record_trajectories=True)
+    finished = evaluation.run_lockstep(sample_chunks, env_sets, ACTION_DIM, list(seeds), 6, kwargs)
+    for g, (stats, trajs, renders) in enumerate(alone):
+        together = evaluation.summarize([finished[g][i] for i in range(6)], 5, True)
+        assert together[0] == pytest.approx(stats, abs=1e-6)
+        for ta, tb in zip(together[1], trajs, strict=True):
+            np.testing.assert_allclose(np.array(ta['action']), np.array(tb['action']), atol=1e-6)
+        np.testing.assert_array_equal(together[2][0], renders[0])
+    assert alone[0][0] != pytest.approx(alone[1][0], abs=1e-6)  # the two evaluations differ

@@ -100,7 +100,7 @@ def test_a_lane_round_trips_through_its_state_dict(cube_dir, tmp_path):
     # From here on both lanes draw the same batches, random actions, chunk keys and evaluation starts.
     _assert_same(twin.sampler.sample(2), lane.sampler.sample(2))
     np.testing.assert_array_equal(twin.actor.random_action(), lane.actor.random_action())
-    np.testing.assert_array_equal(twin.actor.next_key(), lane.actor.next_key())
+    assert twin.actor.chunks == lane.actor.chunks > 0 and twin.actor.key_seed == lane.actor.key_seed
     assert twin.eval_rng.integers(1 << 30) == lane.eval_rng.integers(1 << 30)
     assert twin.replay.size == lane.replay.size == lane.dataset.size + 4
     fresh.finish(quiet=True)

@@ -67,8 +67,8 @@ class RunConfig:
     run_group: str = setting('Debug', 'Run group (folder under save_dir and wandb group).')
     seeds: tuple = setting((0,), 'Seeds trained in this process as one vmapped program, e.g. 0,1,2,3; each seed gets '
                            'its own run directory, as if run alone with --seed=s (--seed=s is --seeds=s).', kind=list)
-    env_threads: int = setting(1, 'With --seeds: threads that step and evaluate the seeds\' environments side by '
-                               'side (1: one after another, measured faster for OGBench on an H200 node, where the '
+    env_threads: int = setting(1, 'With --seeds: threads that step the seeds\' environments side by side (1: one '
+                               'after another, measured faster for OGBench on an H200 node, where the '
                                'environments\' Python holds the GIL; try more for environments whose step is mostly '
                                'simulation). Results do not depend on it.', minimum=1)
     seeds_per_vmap: int = setting(0, 'With --seeds: seeds vmapped together, the others loop inside the same compiled '

@@ -14,9 +14,8 @@ import numpy as np
 import tqdm
 
 from envs.common import DataError
-from evaluation import evaluate
+from evaluation import evaluate, run_lockstep, runner_options, summarize
 from training import checkpointing, run_files, summary
-from training.lanes import map_lanes, thread_pool
 from training.schedule import every, is_eval_step
 from utils.errors import UserError
 from utils.flax_utils import save_agent
@@ -38,22 +37,25 @@ def evaluate_lanes(run, agents, lanes, log_step):
 
     Each evaluation draws one base seed from the seed's evaluation generator (checkpointed, so a resumed run draws
     what the uninterrupted one draws); episode i then resets with `base + i` and samples with keys of its own, so
-    the episodes do not depend on the number of environment copies.
+    the episodes do not depend on the number of environment copies. Several seeds' episodes run in lockstep, with
+    one policy call for all seeds' copies whose queue is empty.
     """
     episodes = run.eval_episodes + run.video_episodes
     seeds = [int(lane.eval_rng.integers(0, EVAL_SEED_LIMIT - episodes)) for lane in lanes]
-
-    def evaluate_lane(i, lane):
-        return evaluate(
-            agents.agent(i), lane.eval_envs[0], lane.dataset['actions'].shape[-1],
-            num_eval_episodes=run.eval_episodes, num_video_episodes=run.video_episodes,
-            video_frame_skip=run.video_frame_skip, seed=seeds[i], record_trajectories=False,
-            envs=lane.eval_envs if len(lane.eval_envs) > 1 else None,
-        )  # fmt: skip
-
-    # The seeds' evaluations run side by side on threads (see `lanes.thread_pool`); each uses only its own envs.
-    with thread_pool(run, lanes[0].dataset['observations'].ndim - 1) as pool:
-        results = map_lanes(pool, evaluate_lane, range(len(lanes)), lanes)
+    action_dim = lanes[0].dataset['actions'].shape[-1]
+    if len(lanes) == 1:
+        lane = lanes[0]
+        envs = lane.eval_envs if len(lane.eval_envs) > 1 else None
+        results = [evaluate(
+            agents.agent(0), lane.eval_envs[0], action_dim, num_eval_episodes=run.eval_episodes,
+            num_video_episodes=run.video_episodes, video_frame_skip=run.video_frame_skip, seed=seeds[0],
+            record_trajectories=False, envs=envs,
+        )]  # fmt: skip
+    else:
+        options = runner_options(run.eval_episodes, run.video_frame_skip, record_trajectories=False)
+        env_sets = [lane.eval_envs for lane in lanes]
+        finished = run_lockstep(agents.sample_episode_chunks, env_sets, action_dim, seeds, episodes, options)
+        results = [summarize([f[i] for i in range(episodes)], run.eval_episodes, False) for f in finished]
     successes = []
     for lane, (stats, _, renders) in zip(lanes, results, strict=True):
         lane.loggers.log(run_files.EVAL_LOG, stats, log_step)

@@ -16,6 +16,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from evaluation import episode_key
+
 
 def _stack(trees):
     return jax.tree_util.tree_map(lambda *xs: np.stack(xs), *trees)
@@ -49,6 +51,23 @@ def _sample_chunk(agent, observation, key_seed, index):
 
 
 _plain_sample_chunk = jax.jit(_sample_chunk)
+
+
+def _sample_episode_chunks(agent, observations, seed, indices, chunks):
+    """One seed's evaluation chunks: (C, ...) observations of its env copies, keys `evaluation.episode_key`."""
+
+    def sample(observation, index, chunk):
+        return agent.sample_actions(observation, rng=episode_key(seed, index, chunk))
+
+    return jax.vmap(sample)(observations, indices, chunks)
+
+
+_plain_sample_episode_chunks = jax.jit(_sample_episode_chunks)
+
+
+@partial(jax.jit, static_argnames='seeds_per_vmap')
+def _group_sample_episode_chunks(agents, observations, seeds, indices, chunks, seeds_per_vmap):
+    return _over_seeds(_sample_episode_chunks, seeds_per_vmap, agents, observations, seeds, indices, chunks)
 
 
 @partial(jax.jit, static_argnames='seeds_per_vmap')
@@ -137,6 +156,20 @@ class SeedGroup:
         else:
             actions = _group_sample_chunks(
                 self.agents, observations, key_seeds, indices, seeds_per_vmap=self.seeds_per_vmap
+            )
+        with jax.transfer_guard_device_to_host('allow'):
+            actions = np.asarray(actions)
+        return actions if self.stacked else actions[None]
+
+    def sample_episode_chunks(self, observations, seeds, indices, chunks):
+        """Evaluation chunks of every seed in one compiled call, as a (S, C, H * A) NumPy array: seed i's C env
+        copies act on `observations[i]` with the keys `evaluation.episode_key(seeds[i], indices[i, c], chunks[i, c])`
+        (the `sample_chunks` of `evaluation.run_lockstep`)."""
+        if not self.stacked:
+            actions = _plain_sample_episode_chunks(self.agents, observations[0], seeds[0], indices[0], chunks[0])
+        else:
+            actions = _group_sample_episode_chunks(
+                self.agents, observations, seeds, indices, chunks, seeds_per_vmap=self.seeds_per_vmap
             )
         with jax.transfer_guard_device_to_host('allow'):
             actions = np.asarray(actions)
