@@ -101,9 +101,18 @@ def online_loop(run, agents, lanes, hooks):
             chunk_full = len(pending) == run.horizon_length
             if pending and (not run.fuse_online_updates or chunk_full or every(i, shard_interval)
                             or queries_policy(run, lanes, i + 1) or hooks.reads_agents(i)):  # fmt: skip
-                info = agents.batch_update(join_steps(pending))
+                info = run_updates(agents, pending, run.horizon_length)
                 pending = []
             hooks.step_done(i, info)
+
+
+def run_updates(agents, pending, horizon):
+    """Runs the pending steps' updates in order: one compiled call for a full chunk of `horizon` steps, else one
+    call per step (at episode ends and log steps), so that the update compiles for two batch shapes only."""
+    calls = [pending] if len(pending) == horizon else [[step] for step in pending]
+    for steps in calls:
+        info = agents.batch_update(join_steps(steps))
+    return info
 
 
 def queries_policy(run, lanes, step):
