@@ -48,9 +48,9 @@ class ActionQueue:
 class EpisodeRunner:
     """State of one episode in progress: the action queue, the JAX key and the trajectory so far.
 
-    Episode `index` of an evaluation call is reset with env seed `seed + index`, and its JAX key is
-    `fold_in(PRNGKey(seed), index)`, further folded with a per-episode chunk counter. Nothing depends on the agent's
-    own key, on how many episodes the call runs, or on the order in which episodes (or env copies) are processed.
+    Episode `index` of an evaluation call is reset with env seed `seed + index`, and its chunk k is sampled with the
+    JAX key `episode_key(seed, index, k)`, made inside the compiled policy call. Nothing depends on the agent's own
+    key, on how many episodes the call runs, or on the order in which episodes (or env copies) are processed.
     """
 
     def __init__(self, env, action_dim, seed, index, render_every=0, record=True):
@@ -60,7 +60,7 @@ class EpisodeRunner:
         self.index = index
         self.render_every = render_every
         self.record = record
-        self._key = jax.random.fold_in(jax.random.PRNGKey(seed), index)
+        self.seed = seed
         self._num_chunks = 0
         self.frames = []
         self.trajectory = {'observation': [], 'action': [], 'reward': [], 'done': [], 'info': []}
@@ -77,11 +77,10 @@ class EpisodeRunner:
         """True when the agent must be queried before this episode can step."""
         return not self.done and self.queue.empty
 
-    def next_key(self):
-        """Fresh JAX key for the next chunk of this episode."""
-        key = jax.random.fold_in(self._key, self._num_chunks)
+    def next_chunk(self):
+        """The index of the next chunk of this episode (its key is `episode_key(seed, index, chunk)`)."""
         self._num_chunks += 1
-        return key
+        return self._num_chunks - 1
 
     def push_chunk(self, chunk):
         """Queues the actions of a chunk sampled for this episode."""
@@ -141,67 +140,131 @@ def mean_stats(per_episode):
     return {k: float(np.mean([s[k] for s in per_episode if k in s])) for k in keys}
 
 
+def episode_key(seed, index, chunk):
+    """The JAX key of chunk `chunk` of episode `index` of an evaluation with base seed `seed`."""
+    return jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(seed), index), chunk)
+
+
+def _sample(agent, observation, seed, index, chunk):
+    return agent.sample_actions(observations=observation, rng=episode_key(seed, index, chunk))
+
+
+def _fetch(chunks):
+    # The one wait on the device of a policy query: its actions.
+    with jax.transfer_guard_device_to_host('allow'):
+        return np.asarray(chunks)
+
+
+_sample_one = jax.jit(_sample)
+
+
+@jax.jit
+def _vmapped_sample(agent, observations, seed, indices, chunks):
+    return jax.vmap(_sample, in_axes=(None, 0, None, 0, 0))(agent, observations, seed, indices, chunks)
+
+
 def run_episode(agent, env, action_dim, seed, index, render_every=0, record=True):
-    """Runs one episode to completion; returns its `EpisodeRunner`."""
+    """Runs one episode to completion; returns its `EpisodeRunner`. A JAX-pytree agent samples in one compiled call
+    per chunk; any other object with `sample_actions` gets the episode's key."""
     runner = EpisodeRunner(env, action_dim, seed, index, render_every=render_every, record=record)
+    compiled = _is_pytree(agent)
     while not runner.done:
         if runner.needs_chunk:
-            chunk = agent.sample_actions(observations=runner.observation, rng=runner.next_key())
-            runner.push_chunk(chunk)
+            chunk = runner.next_chunk()
+            if compiled:
+                runner.push_chunk(_fetch(_sample_one(agent, runner.observation, seed, index, chunk)))
+            else:
+                key = episode_key(seed, index, chunk)
+                runner.push_chunk(agent.sample_actions(observations=runner.observation, rng=key))
         runner.step()
     return runner
 
 
-@jax.jit
-def _vmapped_sample(agent, observations, keys):
-    return jax.vmap(lambda obs, key: agent.sample_actions(observations=obs, rng=key))(observations, keys)
+def _is_pytree(agent):
+    """Whether `agent` is a JAX pytree of arrays (the agents are), which a compiled call can take."""
+    leaves = jax.tree_util.tree_leaves(agent)
+    return bool(leaves) and all(isinstance(x, jax.Array | np.ndarray | np.generic) for x in leaves)
 
 
-def _run_batched(agent, envs, action_dim, seed, num_episodes, runner_kwargs, batch_sample_fn):
-    """Runs episodes 0..num_episodes-1 over the env copies in lockstep; returns {index: finished runner}.
+def run_lockstep(sample_chunks, env_sets, action_dim, seeds, num_episodes, runner_kwargs):
+    """Runs episodes 0..num_episodes-1 of G evaluations at once, each over its own env copies, all in lockstep;
+    returns one {index: finished runner} per evaluation.
 
-    A copy that finishes an episode immediately starts the next unassigned one, so copies drift out of phase and
-    only the copies whose queue is empty are sampled for. Results do not depend on the number of copies because
-    each episode's seed and keys depend on its index only.
+    Evaluation g resets episode i with `seeds[g] + i` (`EpisodeRunner`). A copy that finishes an episode at once
+    starts the next unassigned one of its evaluation, so copies drift out of phase and only those whose queue is
+    empty are sampled for, in one call for all evaluations: `sample_chunks(observations (G, C, ...), seeds (G,),
+    indices (G, C), chunks (G, C))` returns (G, C, H * A) chunks as a NumPy array, rows padded to C copies (the
+    padding repeats a row and is discarded). Results do not depend on the number of copies, nor on G, because each
+    episode's seed and keys depend on its evaluation's seed and its index only.
     """
-    if batch_sample_fn is None:
+    copies = len(env_sets[0])
+    if any(len(envs) != copies for envs in env_sets):
+        raise ValueError('every evaluation needs the same number of env copies')
+    next_index = [iter(range(num_episodes)) for _ in env_sets]
+    finished = [{} for _ in env_sets]
+    slots = [[None] * copies for _ in env_sets]
+    template = [None] * len(env_sets)  # An observation of each evaluation, for padding.
 
-        def batch_sample_fn(observations, keys):
-            return _vmapped_sample(agent, observations, keys)
+    def start(g, slot):
+        index = next(next_index[g], None)
+        runner = None
+        if index is not None:
+            runner = EpisodeRunner(env_sets[g][slot], action_dim, seeds[g], index, **runner_kwargs(index))
+            template[g] = runner
+        slots[g][slot] = runner
 
-    next_index = iter(range(num_episodes))
-    finished = {}
-    slots = [None] * len(envs)
+    for g in range(len(env_sets)):
+        for slot in range(copies):
+            start(g, slot)
+    while any(runner is not None for group in slots for runner in group):
+        waiting = [[r for r in group if r is not None and r.needs_chunk] for group in slots]
+        if any(waiting):
+            # Each evaluation's rows padded to the number of copies, so the compiled sampler has one input shape.
+            rows = [w + [w[0] if w else template[g]] * (copies - len(w)) for g, w in enumerate(waiting)]
+            observations = np.stack([np.stack([r.observation for r in group]) for group in rows])
+            indices = np.array([[r.index for r in group] for group in rows], dtype=np.int32)
+            chunk_ids = np.zeros(indices.shape, dtype=np.int32)
+            for g, w in enumerate(waiting):
+                chunk_ids[g, : len(w)] = [r.next_chunk() for r in w]
+            chunks = sample_chunks(observations, np.asarray(seeds, dtype=np.int32), indices, chunk_ids)
+            for g, w in enumerate(waiting):
+                for runner, chunk in zip(w, chunks[g]):
+                    runner.push_chunk(chunk)
+        for g, group in enumerate(slots):
+            for slot, runner in enumerate(group):
+                if runner is None:
+                    continue
+                runner.step()
+                if runner.done:
+                    finished[g][runner.index] = runner
+                    start(g, slot)
+    return finished
 
-    def start(slot):
-        index = next(next_index, None)
-        slots[slot] = (
-            None if index is None else EpisodeRunner(envs[slot], action_dim, seed, index, **runner_kwargs(index))
+
+def summarize(runners, num_eval_episodes, record_trajectories):
+    """(stats, trajectories, renders) of the finished runners of one evaluation (see `evaluate`)."""
+    per_episode, trajectories, renders = [], [], []
+    for runner in runners:
+        if runner.index >= num_eval_episodes:
+            renders.append(np.stack(runner.frames))
+        else:
+            per_episode.append(runner.stats())
+            if record_trajectories:
+                trajectories.append(runner.trajectory)
+    stats = mean_stats(per_episode) if per_episode else {}
+    return stats, trajectories, renders
+
+
+def runner_options(num_eval_episodes, video_frame_skip, record_trajectories):
+    """The `EpisodeRunner` options of episode `index`: episodes past the eval ones are rendered video episodes."""
+
+    def options(index):
+        is_video = index >= num_eval_episodes
+        return dict(
+            render_every=max(int(video_frame_skip), 1) if is_video else 0, record=record_trajectories and not is_video
         )
 
-    for slot in range(len(envs)):
-        start(slot)
-    while any(runner is not None for runner in slots):
-        waiting = [runner for runner in slots if runner is not None and runner.needs_chunk]
-        if waiting:
-            observations = np.stack([runner.observation for runner in waiting])
-            keys = jax.numpy.stack([runner.next_key() for runner in waiting])
-            # Padding to the number of copies keeps one input shape, so a jitted sampler compiles once.
-            pad = len(envs) - len(waiting)
-            if pad:
-                observations = np.concatenate([observations, np.repeat(observations[:1], pad, axis=0)])
-                keys = jax.numpy.concatenate([keys, jax.numpy.repeat(keys[:1], pad, axis=0)])
-            chunks = np.asarray(batch_sample_fn(observations, keys))
-            for runner, chunk in zip(waiting, chunks):
-                runner.push_chunk(chunk)
-        for slot, runner in enumerate(slots):
-            if runner is None:
-                continue
-            runner.step()
-            if runner.done:
-                finished[runner.index] = runner
-                start(slot)
-    return finished
+    return options
 
 
 def evaluate(
@@ -214,7 +277,6 @@ def evaluate(
     seed=0,
     record_trajectories=True,
     envs=None,
-    batch_sample_fn=None,
 ):
     """Evaluates `agent` in `env`, executing each sampled action chunk open loop.
 
@@ -230,12 +292,11 @@ def evaluate(
             same call gives the same episodes at any point of training.
         record_trajectories: Set False to skip storing per-step data (saves memory with pixel observations).
         envs: Optional list of env copies for batched evaluation: episodes run on the copies in lockstep and the
-            agent is queried once per step for all copies whose queue is empty (`env` is then unused). The
+            agent (a JAX pytree) is queried once per step, `sample_actions` vmapped over the copies whose queue is
+            empty (`env` is then unused). The
             default (None) runs episodes one after another in `env`. Episode i gets the same seed and keys either
             way; the batched policy call can differ from the single one by float rounding, which contact-rich
             simulations may amplify, so per-episode results match exactly only for deterministic policies.
-        batch_sample_fn: For batched evaluation, `fn(observations (B, ...), keys (B, 2)) -> chunks (B, ...)`;
-            by default `agent.sample_actions` vmapped over observations and keys (needs a JAX-pytree agent).
 
     Returns:
         (stats, trajectories, renders): the per-episode statistics averaged over the eval episodes; one dict of
@@ -243,27 +304,14 @@ def evaluate(
         (T, H, W, C) per video episode.
     """
     num_episodes = num_eval_episodes + num_video_episodes
-
-    def runner_kwargs(index):
-        is_video = index >= num_eval_episodes
-        return dict(
-            render_every=max(int(video_frame_skip), 1) if is_video else 0,
-            record=record_trajectories and not is_video,
-        )
-
+    runner_kwargs = runner_options(num_eval_episodes, video_frame_skip, record_trajectories)
     if envs:
-        runners = _run_batched(agent, list(envs), action_dim, seed, num_episodes, runner_kwargs, batch_sample_fn)
-        runners = [runners[i] for i in range(num_episodes)]
+
+        def sample_chunks(observations, seeds, indices, chunks):
+            return _fetch(_vmapped_sample(agent, observations[0], seeds[0], indices[0], chunks[0]))[None]
+
+        finished = run_lockstep(sample_chunks, [list(envs)], action_dim, [seed], num_episodes, runner_kwargs)[0]
+        runners = [finished[i] for i in range(num_episodes)]
     else:
         runners = [run_episode(agent, env, action_dim, seed, i, **runner_kwargs(i)) for i in range(num_episodes)]
-
-    per_episode, trajectories, renders = [], [], []
-    for runner in runners:
-        if runner.index >= num_eval_episodes:
-            renders.append(np.stack(runner.frames))
-        else:
-            per_episode.append(runner.stats())
-            if record_trajectories:
-                trajectories.append(runner.trajectory)
-    stats = mean_stats(per_episode) if per_episode else {}
-    return stats, trajectories, renders
+    return summarize(runners, num_eval_episodes, record_trajectories)

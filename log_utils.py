@@ -1,7 +1,7 @@
 """Run bookkeeping: CSV metric logs, optional wandb, flags and videos.
 
 Everything here works without wandb or imageio installed; those packages only add features when present.
-Learning-curve plots live in `utils/plotting.py`; `python -m log_utils plot RUN_DIR ... --out curves.png` runs them.
+Learning-curve plots live in `training/plotting.py`; `python -m log_utils plot RUN_DIR ... --out curves.png` runs them.
 """
 
 import csv
@@ -116,27 +116,6 @@ class CsvLogger:
         if self._file is not None:
             self._file.close()
             self._file = None
-
-
-def drop_rows_after(path, step):
-    """Rewrites a CSV log without its rows after `step` (those a resumed run logs again); no-op if absent."""
-    if not os.path.exists(path):
-        return
-    with open(path, newline='') as f:
-        rows = list(csv.reader(f))
-    if not rows:
-        return
-    header, body = rows[0], rows[1:]
-    kept = [row for row in body if row and float(row[0]) <= step]
-    if len(kept) == len(body):
-        return
-
-    def write(f):
-        writer = csv.writer(f)
-        writer.writerow(header)
-        writer.writerows(kept)
-
-    atomic_write(path, write, newline='')
 
 
 class Loggers:
@@ -450,6 +429,6 @@ def save_video(frames, path, fps=15):
 
 
 if __name__ == '__main__':
-    from utils.plotting import main
+    from training.plotting import main
 
     sys.exit(main())

@@ -8,8 +8,6 @@ Online batches come from the replay buffer only, which starts as a copy of the o
 `<save_dir>/<run_group>/<exp_name>/`.
 """
 
-import sys
-
 from absl import app, flags
 
 from agents import agents
@@ -26,7 +24,7 @@ PRESET = Preset(
 
 
 def main(_):
-    run = from_flags(flags.FLAGS, sys.argv, PRESET)
+    run = from_flags(flags.FLAGS, PRESET)
     Trainer(run, agents).train()
 
 

@@ -7,8 +7,6 @@ Variants of the paper: RLPD `--horizon_length=1`, RLPD-AC `--horizon_length=5`, 
 `start_training`.
 """
 
-import sys
-
 from absl import app, flags
 
 from agents import agents
@@ -25,7 +23,7 @@ PRESET = Preset(
 
 
 def main(_):
-    run = from_flags(flags.FLAGS, sys.argv, PRESET)
+    run = from_flags(flags.FLAGS, PRESET)
     Trainer(run, agents).train()
 
 

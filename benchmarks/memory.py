@@ -42,6 +42,7 @@ def _nbytes(dataset):
 def child(layout, num_transitions):
     """Builds one dataset layout and returns its measurements (runs inside the child process)."""
     from benchmarks.common import ogbench_like_fields
+    from training.data import LOSS_FIELDS
     from utils.datasets import Dataset
 
     out = dict(layout=layout, transitions=num_transitions, baseline_rss=_rss_bytes())
@@ -65,10 +66,10 @@ def child(layout, num_transitions):
     out['nbytes'] = _nbytes(dataset)
     out['bytes_per_transition'] = out['nbytes'] / dataset.size
     out['resident_per_transition'] = (out['resident_rss'] - out['baseline_rss']) / dataset.size
-    dataset.sample_sequence(256, 5, 0.99)
+    dataset.sample_sequence(256, 5, 0.99, fields=LOSS_FIELDS)
     start = time.perf_counter()
     for _ in range(50):
-        dataset.sample_sequence(256, 5, 0.99)
+        dataset.sample_sequence(256, 5, 0.99, fields=LOSS_FIELDS)
     out['sample_ms'] = 1e3 * (time.perf_counter() - start) / 50
     return out
 

@@ -1,108 +1,185 @@
-"""Online environment steps/s of `main.py`'s online loop, and the share of environment, policy and update.
+"""The online phase as `main.py` runs it (`training.loops.online_loop` under a real `Trainer`), per-step and fused
+update schedules side by side, with a breakdown of where each online step's time goes.
 
-The loop is `Trainer.online_phase` without logging: `OnlineActor.step` (a policy call when the chunk queue is empty,
-then one environment step), `ReplayBuffer.add_transition`, then one `batch_update` on a batch sampled like
-`main.py`'s `sample_batch` (utd_ratio 1, updates from the first step). It runs twice: as the driver does (JAX calls
-dispatched asynchronously, so an update can overlap the next environment steps), then with every part blocked and
-timed on its own for the breakdown.
+Each row is one run of `steps` online steps of S seeds on a small generated cube-single dataset (no logging, no
+evaluation, no checkpoints). The loop's parts are timed in place: the environment steps of all seeds, the policy
+calls (which include waiting for the device to finish the updates before them), the batch sampling and the update
+dispatch; the rest of the step is `other`. After the run, the parts are measured alone: one policy call, and the
+updates of one chunk's steps (blocked), so that the bound set by the critical path stands next to the measured rate:
+
+    fused:     env + update + policy / H             (the updates of a chunk run between its last step and the query)
+    per step:  env + max(0, update - env) (H-1)/H + update / H + policy / H      (each update hides behind a step)
+
+`device_busy_est` is the share of the wall time the device spent on updates and policy calls, from the alone timings.
 """
 
+import functools
+import os
+import tempfile
 import time
 
-import jax
-import numpy as np
+from benchmarks.common import ENV_NAME, make_config
 
-from benchmarks.common import ACTION_DIM, make_agent, ogbench_like_fields
-from benchmarks.eval_bench import make_env
+STEP_PARTS = ('env', 'policy', 'sample', 'dispatch')
 
 
-class _TimedPolicy:
-    """Stands in for the agent in `OnlineActor`: forwards `sample_actions`, blocks, and adds up the seconds."""
+@functools.lru_cache(maxsize=1)
+def dataset_dir():
+    """A small generated cube-single play dataset (made once per process)."""
+    from envs.generate_ogbench import generate_dataset
 
-    def __init__(self, agent):
-        self.agent = agent
-        self.seconds = 0.0
-        self.calls = 0
-
-    def sample_actions(self, observations, rng=None):
-        start = time.perf_counter()
-        out = jax.block_until_ready(self.agent.sample_actions(observations=observations, rng=rng))
-        self.seconds += time.perf_counter() - start
-        self.calls += 1
-        return out
+    path = tempfile.mkdtemp(prefix='qc-bench-data-')
+    generate_dataset(
+        'cube-single-play-v0', os.path.join(path, 'cube-single-play-v0.npz'), num_episodes=2, num_val_episodes=1,
+        episode_length=101, show_progress=False,
+    )  # fmt: skip
+    return path
 
 
-def run(agent_name='QC', size='small', steps=None, target_s=5.0, dataset_size=10_000, log=print):
-    """Benchmarks the online loop for one agent; returns steps/s as run and the blocked per-part breakdown."""
-    from training.actor import OnlineActor
-    from training.data import stack_utd
-    from utils.datasets import Dataset, ReplayBuffer
+class PartTimer:
+    """Adds up the seconds of wrapped calls per part, from step `start` of the loop on."""
 
-    agent, config = make_agent(agent_name, size)
-    batch_size, horizon, discount = config['batch_size'], config['horizon_length'], config['discount']
-    dataset = Dataset.create(seed=0, **ogbench_like_fields(dataset_size))
-    buffer = ReplayBuffer.create_from_initial_dataset(dataset, size=dataset_size + 100_000, seed=0)
-    env = make_env()
-    actor = OnlineActor(env, ACTION_DIM, seed=0)
+    def __init__(self, start):
+        self.start = start
+        self.step = 0
+        self.seconds = dict.fromkeys(STEP_PARTS, 0.0)
+        self.calls = dict.fromkeys(STEP_PARTS, 0)
+        self.first_time = None
 
-    def sample_batch():
-        return stack_utd(buffer.sample_sequence(batch_size, horizon, discount), 1, batch_size)
+    def wrap(self, part, fn):
+        def timed(*args, **kwargs):
+            t = time.perf_counter()
+            out = fn(*args, **kwargs)
+            if self.step > self.start:
+                self.seconds[part] += time.perf_counter() - t
+                self.calls[part] += 1
+            return out
 
-    # Warm up: compile sample_actions and batch_update (and let their signatures settle).
-    warm = time.perf_counter()
-    update_times = []
-    for _ in range(4):
-        transition, _, _ = actor.step(agent)
-        buffer.add_transition(transition)
-        start = time.perf_counter()
-        agent, info = jax.block_until_ready(agent.batch_update(sample_batch()))
-        update_times.append(time.perf_counter() - start)
-    warmup_s = time.perf_counter() - warm
-    if steps is None:
-        steps = int(np.clip(round(target_s / max(update_times[-1], 1e-4)), 2 * horizon, 2000))
-        steps = max(horizon, steps // horizon * horizon)  # whole chunks, so both runs call the policy equally often
+        return timed
 
-    # As the driver runs it.
-    actor = OnlineActor(env, ACTION_DIM, seed=1)
-    start = time.perf_counter()
-    for _ in range(steps):
-        transition, _, _ = actor.step(agent)
-        buffer.add_transition(transition)
-        agent, info = agent.batch_update(sample_batch())
-    jax.block_until_ready((agent, info))
-    loop_s = time.perf_counter() - start
+    def begin(self, begin_step):
+        def timed(step):
+            self.step = step
+            if step == self.start + 1:
+                self.first_time = time.perf_counter()
+            return begin_step(step)
 
-    # Blocked and split.
-    actor = OnlineActor(env, ACTION_DIM, seed=2)
-    policy = _TimedPolicy(agent)
-    parts = dict(env=0.0, policy=0.0, buffer=0.0, sample=0.0, update=0.0)
-    start_all = time.perf_counter()
-    for _ in range(steps):
-        policy.agent = agent
-        before = policy.seconds
-        start = time.perf_counter()
-        transition, _, _ = actor.step(policy)
-        parts['env'] += time.perf_counter() - start - (policy.seconds - before)
-        start = time.perf_counter()
-        buffer.add_transition(transition)
-        parts['buffer'] += time.perf_counter() - start
-        start = time.perf_counter()
-        batch = sample_batch()
-        parts['sample'] += time.perf_counter() - start
-        start = time.perf_counter()
-        agent, info = jax.block_until_ready(agent.batch_update(batch))
-        parts['update'] += time.perf_counter() - start
-    blocked_s = time.perf_counter() - start_all
-    parts['policy'] = policy.seconds
+        return timed
 
-    out = dict(agent=agent_name, size=size, steps=steps, warmup_s=warmup_s, policy_calls=policy.calls)
-    out['steps_per_s'] = steps / loop_s
-    out['blocked_steps_per_s'] = steps / blocked_s
-    for key, value in parts.items():
-        out[f'{key}_ms'] = 1e3 * value / steps
-        out[f'{key}_share'] = value / blocked_s
+
+def make_run(agent_name, size, num_seeds, fused, steps, save_dir, preset, env_threads=1):
+    from training.config import RunConfig, validate
+
+    config = make_config(agent_name, size)
+    config.discount = 0.99
+    return validate(
+        RunConfig(
+            preset=preset, agent=config, env_name=ENV_NAME, dataset_dir=dataset_dir(), save_dir=save_dir,
+            seeds=tuple(range(num_seeds)), offline_steps=0, online_steps=steps, start_training=config.horizon_length,
+            log_interval=10**9, eval_interval=0, eval_episodes=0, eval_envs=1, buffer_size=steps + 10_000,
+            fuse_online_updates=fused, env_threads=env_threads,
+            exp_name=f'{agent_name}_{size}_s{num_seeds}_{"fused" if fused else "step"}',
+        )
+    )  # fmt: skip
+
+
+def alone_ms(trainer, horizon, reps=3):
+    """(update ms per step, policy ms per call): the updates of one chunk's steps and one policy call, blocked."""
+    import jax
+
+    from training.actor import policy_actions
+    from training.data import join_steps
+
+    lanes, agents = trainer.lanes, trainer.agents
+    update, policy = [], []
+    for _ in range(reps + 1):
+        pending = [[lane.sampler.sample(trainer.run.utd_ratio) for lane in lanes] for _ in range(horizon)]
+        batches = join_steps(pending)
+        t = time.perf_counter()
+        jax.block_until_ready(agents.batch_update(batches))
+        update.append((time.perf_counter() - t) / horizon)
+        for lane in lanes:
+            lane.actor.queue.clear()
+        t = time.perf_counter()
+        policy_actions([lane.actor for lane in lanes], agents.sample_chunks)
+        policy.append(time.perf_counter() - t)
+    return 1e3 * min(update[1:]), 1e3 * min(policy[1:])
+
+
+def run(agent_name='QC', size='small', seeds=1, fused=True, steps=500, warmup_chunks=4, env_threads=1, log=print):
+    """One online run; returns its steps/s, the per-step breakdown (ms), the alone timings and the bound."""
+    import jax
+
+    import main
+    import main_online
+    from agents import agents as agent_classes
+    from training import Trainer, loops
+    from training.lanes import map_lanes
+
+    os.environ.setdefault('WANDB_MODE', 'disabled')
+    module = 'acfql' if agent_name in ('QC', 'QC-FQL', 'FQL') else 'acrlpd'
+    preset = main.PRESET if module == 'acfql' else main_online.PRESET
+    with tempfile.TemporaryDirectory(prefix='qc-bench-online-') as save_dir:
+        horizon = make_config(agent_name, size).horizon_length
+        warm = horizon * warmup_chunks + horizon  # compiles happen in the first chunks
+        run_config = make_run(agent_name, size, seeds, fused, steps + warm, save_dir, preset, env_threads)
+        trainer = Trainer(run_config, agent_classes)
+        timer = PartTimer(start=warm)
+        agents = trainer.agents
+        agents.sample_chunks = timer.wrap('policy', agents.sample_chunks)
+        agents.batch_update = timer.wrap('dispatch', agents.batch_update)
+        # The environment steps of all seeds (one after another, or on threads): the loop's `map_lanes` call.
+        loops.map_lanes = timer.wrap('env', map_lanes)
+        trainer.hooks.begin_step = timer.begin(trainer.hooks.begin_step)
+        original_start = type(trainer.lanes[0]).start_online
+
+        def start_online(lane):
+            original_start(lane)
+            lane.sampler.sample = timer.wrap('sample', lane.sampler.sample)
+
+        for lane in trainer.lanes:
+            lane.start_online = functools.partial(start_online, lane)
+        try:
+            trainer.train()
+        finally:
+            loops.map_lanes = map_lanes
+        jax.block_until_ready(agents.agents)
+        wall = time.perf_counter() - timer.first_time
+        parts, calls = dict(timer.seconds), dict(timer.calls)
+        update_ms, policy_ms = alone_ms(trainer, horizon)
+    threads = min(env_threads, seeds)
+    out = dict(agent=agent_name, size=size, seeds=seeds, schedule='fused' if fused else 'per step', steps=steps,
+               horizon=horizon, env_threads=threads, backend=jax.default_backend())  # fmt: skip
+    out['steps_per_s'] = steps / wall
+    out['seed_steps_per_s'] = seeds * steps / wall
+    out['step_ms'] = 1e3 * wall / steps
+    for part in STEP_PARTS:
+        out[f'{part}_ms'] = 1e3 * parts[part] / steps
+    out['other_ms'] = out['step_ms'] - sum(out[f'{part}_ms'] for part in STEP_PARTS)
+    out['policy_calls'] = calls['policy']
+    out['update_calls'] = calls['dispatch']
+    out['update_alone_ms'], out['policy_alone_ms'] = update_ms, policy_ms
+    env_ms = out['env_ms']
+    if fused:
+        bound = env_ms + update_ms + policy_ms / horizon
+    else:
+        bound = env_ms + max(0.0, update_ms - env_ms) * (horizon - 1) / horizon + (update_ms + policy_ms) / horizon
+    out['bound_ms'] = bound
+    out['efficiency'] = bound / out['step_ms']
+    out['device_busy_est'] = min(1.0, (update_ms + policy_ms / horizon) / out['step_ms'])
+    out['startup'] = {k: v for k, v in trainer.startup.stages.items() if v is not None}
     log(
-        f'  online {agent_name} {size}: {out["steps_per_s"]:.2f} steps/s (blocked {out["blocked_steps_per_s"]:.2f}); '
-        + ', '.join(f'{k} {100 * out[f"{k}_share"]:.0f}%' for k in parts)
+        f'  online {agent_name} {size} S={seeds} {out["schedule"]} threads={threads}: {out["steps_per_s"]:.1f} steps/s '
+        f'({out["step_ms"]:.2f} ms/step: ' + ', '.join(f'{p} {out[f"{p}_ms"]:.2f}' for p in (*STEP_PARTS, 'other'))
+        + f'); alone: update {update_ms:.2f} ms/step, policy {policy_ms:.2f} ms; bound {bound:.2f} ms '
+        f'(efficiency {out["efficiency"]:.2f})'
     )
+    return out
+
+
+def startup(agent_name='QC', size='paper', seeds=1, log=print):
+    """Start-up of a run of S seeds (stages of `Trainer`'s start-up line, in seconds) with a 10-step online phase."""
+    row = run(agent_name, size, seeds=seeds, fused=True, steps=10, warmup_chunks=0, log=lambda *_: None)
+    out = dict(agent=agent_name, size=size, seeds=seeds, **{f'{k} s': v for k, v in row['startup'].items()})
+    log(f'  start-up {agent_name} {size} S={seeds}: ' + ', '.join(f'{k} {v:.1f} s' for k, v in row['startup'].items()))
     return out

@@ -23,8 +23,14 @@ SEED_TARGET_GPU = 5.0  # S=8 seed-updates/s over S=1 for QC-FQL at paper size, o
 PAPER_TOLERANCE = 0.97  # "Never slower" at paper size allows 3% timing noise between the two loops.
 
 
-def settings(quick):
-    """The sizes and iteration counts of a full or a quick run."""
+def online_rows(agents, size, seed_counts, steps):
+    """Online benchmark runs: every agent and seed count, per-step and fused schedules side by side."""
+    return [dict(agent_name=a, size=size, seeds=s, fused=f, steps=steps) for a in agents for s in seed_counts
+            for f in (False, True)]  # fmt: skip
+
+
+def settings(quick, accelerator=False):
+    """The sizes and iteration counts of a quick run, a full CPU run, or a run on an accelerator (`gpu.sh`)."""
     if quick:
         return dict(
             sizes=('tiny',),
@@ -36,9 +42,20 @@ def settings(quick):
             matmul_n=256,
             matmul_reps=3,
             eval=[dict(size='tiny', num_envs=2, num_episodes=2, max_episode_steps=50)],
-            online=[dict(agent_name='QC', size='tiny', steps=10, dataset_size=10_000)],
+            online=online_rows(('QC',), 'tiny', (1,), steps=20),
+            online_startup=[],
             memory_transitions=10_000,
             seeds=dict(sizes=('tiny',), agents=('QC',), seed_counts=(1, 2), steps=2, num_transitions=10_000,
+                       replay_transitions=10_000, replay_online_steps=10_000),
+        )  # fmt: skip
+    if accelerator:  # `benchmarks/gpu.sh`: the paper's size, what a GPU node runs, within minutes.
+        return dict(
+            sizes=('paper',), update_agents=('QC', 'QC-FQL'), update_transitions=100_000, update_target_s=2.0,
+            update_rounds=1, replay_sizes=(), matmul_n=4096, matmul_reps=10, eval=[],
+            online=online_rows(('QC', 'QC-FQL'), 'paper', (1, 8), steps=400) + online_rows(('QC',), 'paper', (4,), 400),
+            online_startup=[dict(agent_name='QC', size='paper', seeds=s) for s in (1, 8)],
+            memory_transitions=10_000,
+            seeds=dict(sizes=('paper',), agents=('QC', 'QC-FQL'), seed_counts=(1, 4, 8, 16), num_transitions=100_000,
                        replay_transitions=10_000, replay_online_steps=10_000),
         )  # fmt: skip
     return dict(
@@ -54,13 +71,54 @@ def settings(quick):
             dict(size='small', num_envs=10, num_episodes=20),
             dict(size='paper', num_envs=10, num_episodes=10),
         ],
-        online=[
-            dict(agent_name='QC', size='small', target_s=5.0),
-            dict(agent_name='QC-FQL', size='paper', target_s=5.0),
-        ],
+        online=(
+            online_rows(('QC',), 'tiny', (1, 4), steps=600) + online_rows(('QC',), 'small', (1,), steps=300)
+            + [dict(agent_name='QC', size='tiny', seeds=4, fused=True, steps=600, env_threads=4)]
+            + online_rows(('QC',), 'paper', (1,), steps=60)
+        ),
+        online_startup=[dict(agent_name='QC', size='small', seeds=s) for s in (1, 8)],
         memory_transitions=1_000_000,
         seeds=dict(sizes=('small', 'paper'), agents=('QC', 'QC-FQL'), seed_counts=(1, 2, 4, 8)),
     )
+
+
+def online_targets(results):
+    """The online phase's targets: efficiency against the critical path on any machine; on a CPU the host time per
+    step besides the environment and the update; on a GPU the device-busy share, 8 seeds' start-up and rates."""
+    rows, targets = results.get('online') or [], []
+    fused = [r for r in rows if r['schedule'] == 'fused']
+    if fused:
+        targets.append(dict(
+            target='online steps/s >= 0.8x the bound of its critical path (fused schedule)',
+            met=min(r['efficiency'] for r in fused) >= 0.8,
+            value={f'{r["agent"]} {r["size"]} S={r["seeds"]}': round(r['efficiency'], 2) for r in fused},
+        ))  # fmt: skip
+    tiny = [r for r in fused if r['size'] == 'tiny' and r['seeds'] == 1 and r['backend'] == 'cpu']
+    for r in tiny:
+        host = r['step_ms'] - r['env_ms'] - r['update_alone_ms'] - r['policy_alone_ms'] / r['horizon']
+        targets.append(dict(target='CPU, tiny networks: host ms per online step besides env and compute <= 0.2',
+                            met=host <= 0.2, value=round(host, 3)))  # fmt: skip
+    on_gpu = [r for r in fused if r['backend'] == 'gpu']
+    for r in on_gpu:
+        if r['agent'] == 'QC' and r['seeds'] == 1:
+            env_bound = r['env_ms'] >= 0.8 * r['step_ms']
+            targets.append(dict(target='GPU, QC paper size, one seed: device busy >= 70% (or the env is the bound)',
+                                met=r['device_busy_est'] >= 0.7 or env_bound, value=round(r['device_busy_est'], 3)))
+    for agent, factor in (('QC-FQL', 5.0), ('QC', 2.0)):
+        by_seeds = {r['seeds']: r for r in on_gpu if r['agent'] == agent}
+        if 1 in by_seeds and 8 in by_seeds:
+            ratio = by_seeds[8]['seed_steps_per_s'] / by_seeds[1]['seed_steps_per_s']
+            targets.append(dict(target=f'GPU, {agent}: 8 seeds >= {factor}x the seed-steps/s of one',
+                                met=ratio >= factor, value=round(ratio, 2)))
+    starts = {r['seeds']: r for r in results.get('online_startup') or []}
+    if 1 in starts and 8 in starts and results['machine']['backend'] == 'gpu':
+        def after_imports(row):
+            return sum(v for k, v in row.items() if k.endswith(' s') and k != 'imports s')
+
+        ratio = after_imports(starts[8]) / after_imports(starts[1])
+        targets.append(dict(target='GPU: start-up of 8 seeds <= 1.5x one seed', met=ratio <= 1.5,
+                            value=round(ratio, 2)))  # fmt: skip
+    return targets
 
 
 def check_targets(results, matmul):
@@ -122,6 +180,7 @@ def check_targets(results, matmul):
                 resident=round(mem['resident_ratio'], 3),
             )
         )
+    targets.extend(online_targets(results))
     seeds = (results.get('seeds') or {}).get('updates') or []
     if seeds:
         several = [r for r in seeds if r['seeds'] > 1]
@@ -203,21 +262,45 @@ def print_tables(results, matmul):
             )
         )
     if results.get('online'):
-        print('\nOnline loop (main.py; env steps/s and blocked share of each part)')
+        print('\nOnline loop (main.py; ms per online step: measured parts, then the parts alone and the bound)')
         print(
             format_table(
                 results['online'],
                 [
                     ('agent', 'agent', None),
                     ('size', 'size', None),
-                    ('steps', 'steps', None),
-                    ('steps_per_s', 'steps/s', '{:.2f}'),
-                    ('blocked_steps_per_s', 'blocked', '{:.2f}'),
-                    ('env_share', 'env', '{:.1%}'),
-                    ('policy_share', 'policy', '{:.1%}'),
-                    ('sample_share', 'sampling', '{:.1%}'),
-                    ('update_share', 'update', '{:.1%}'),
-                    ('update_ms', 'update ms', '{:.1f}'),
+                    ('seeds', 'S', None),
+                    ('schedule', 'schedule', None),
+                    ('env_threads', 'env threads', None),
+                    ('steps_per_s', 'steps/s', '{:.1f}'),
+                    ('seed_steps_per_s', 'seed-steps/s', '{:.1f}'),
+                    ('step_ms', 'step', '{:.2f}'),
+                    ('env_ms', 'env', '{:.2f}'),
+                    ('policy_ms', 'policy+wait', '{:.2f}'),
+                    ('sample_ms', 'sampling', '{:.2f}'),
+                    ('dispatch_ms', 'dispatch', '{:.2f}'),
+                    ('other_ms', 'other', '{:.2f}'),
+                    ('update_alone_ms', 'update alone', '{:.2f}'),
+                    ('policy_alone_ms', 'policy alone', '{:.2f}'),
+                    ('bound_ms', 'bound', '{:.2f}'),
+                    ('efficiency', 'bound/step', '{:.2f}'),
+                    ('device_busy_est', 'device busy', '{:.0%}'),
+                ],
+            )
+        )
+    if results.get('online_startup'):
+        print('\nStart-up of a run (seconds per stage)')
+        print(
+            format_table(
+                results['online_startup'],
+                [
+                    ('agent', 'agent', None),
+                    ('size', 'size', None),
+                    ('seeds', 'S', None),
+                    ('imports s', 'imports', '{:.1f}'),
+                    ('envs and data s', 'envs and data', '{:.1f}'),
+                    ('agent s', 'agent', '{:.1f}'),
+                    ('first update s', 'first update', '{:.1f}'),
                 ],
             )
         )
@@ -256,7 +339,7 @@ def print_seed_tables(seeds):
                 ('size', 'size', None),
                 ('seeds', 'S', None),
                 ('sequential_ups', 'sequential seed-ups', '{:.2f}'),
-                ('chunk', 'chunk', None),
+                ('seeds_per_vmap', 'seeds per vmap', None),
                 ('seed_ups', 'S-seed seed-ups', '{:.2f}'),
                 ('ratio', 'ratio', '{:.2f}'),
                 ('vmap_seed_ups', 'all-vmap seed-ups', '{:.2f}'),
@@ -296,9 +379,11 @@ def main(argv=None):
         parser.error(f'unknown sections {unknown}; choose from {SECTIONS}')
 
     os.environ.setdefault('JAX_PLATFORMS', 'cpu')
+    import jax
+
     from benchmarks import common
 
-    cfg = settings(args.quick)
+    cfg = settings(args.quick, accelerator=jax.default_backend() != 'cpu')
     started = time.perf_counter()
     results = dict(
         command=' '.join(['python -m benchmarks.run', *(argv if argv is not None else sys.argv[1:])]),
@@ -339,6 +424,7 @@ def main(argv=None):
             from benchmarks import online
 
             results['online'] = [online.run(log=log, **kw) for kw in cfg['online']]
+            results['online_startup'] = [online.startup(log=log, **kw) for kw in cfg['online_startup']]
         elif section == 'memory':
             from benchmarks import memory
 

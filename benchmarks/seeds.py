@@ -3,7 +3,7 @@ the replay memory of S seeds on one shared offline dataset.
 
 Updates: for each agent and size, S single-seed agents run fused blocks of K updates (`batch_update`) one after
 another on batches already on the device (S sequential runs), and a `SeedGroup` of S seeds runs the same blocks
-for all its seeds in one call, with the runs' default `chunk` (all seeds vmapped on an accelerator, one after
+for all its seeds in one call, with the runs' default `seeds_per_vmap` (all seeds vmapped on an accelerator, one after
 another inside the call on a CPU) and, at the small size, with all seeds vmapped. `ratio` = group seed-updates/s
 over sequential seed-updates/s (>= 1: one process of S seeds beats S runs one after another). Memory per S: the
 agents' state (parameters, optimizer, targets) and one block of batches, plus the device's peak bytes where the
@@ -39,11 +39,12 @@ def _seconds(fn):
 
 def bench_seeds(agent_name, size, dataset, seed_counts=(1, 2, 4, 8), steps=10, repeats=3, compare_vmap=False):
     """Rows of seed-updates/s for every S of `seed_counts`: S single-seed agents one after another, and one
-    `SeedGroup` of S seeds with the runs' default `chunk` (with `compare_vmap`, also with all seeds vmapped).
+    `SeedGroup` of S seeds with the runs' default `seeds_per_vmap` (with `compare_vmap`, also with all seeds vmapped).
 
     The timings of a row alternate between the two, `repeats` times, and keep the fastest of each, so that load
     from other work on a shared machine affects both alike.
     """
+    from training.data import LOSS_FIELDS
     from training.seeds import SeedGroup
 
     config = make_config(agent_name, size)
@@ -52,7 +53,7 @@ def bench_seeds(agent_name, size, dataset, seed_counts=(1, 2, 4, 8), steps=10, r
     batch_size, horizon, discount = config['batch_size'], config['horizon_length'], config['discount']
 
     def block():
-        batches = [dataset.sample_sequence(batch_size, horizon, discount) for _ in range(steps)]
+        batches = [dataset.sample_sequence(batch_size, horizon, discount, fields=LOSS_FIELDS) for _ in range(steps)]
         return jax.device_put(stack_batches(batches))
 
     rows = []
@@ -66,8 +67,10 @@ def bench_seeds(agent_name, size, dataset, seed_counts=(1, 2, 4, 8), steps=10, r
         groups = {'seed_ups': 'auto', 'vmap_seed_ups': None} if compare_vmap and num_seeds > 1 else {'seed_ups': 'auto'}
         row = dict(agent=agent_name, size=size, seeds=num_seeds, steps=steps)
         calls = {'sequential_ups': sequential}
-        for key, chunk in groups.items():
-            group = SeedGroup.create(cls, range(num_seeds), example['observations'], example['actions'], config, chunk)
+        for key, per_vmap in groups.items():
+            group = SeedGroup.create(
+                cls, range(num_seeds), example['observations'], example['actions'], config, seeds_per_vmap=per_vmap
+            )
             row[f'first_{key}_call_s'] = _seconds(lambda group=group, blocks=blocks: group.batch_update(blocks))
 
             def grouped(group=group, blocks=blocks):
@@ -76,7 +79,7 @@ def bench_seeds(agent_name, size, dataset, seed_counts=(1, 2, 4, 8), steps=10, r
 
             calls[key] = grouped
             if key == 'seed_ups':
-                row.update(chunk=group.chunk, state_mb=_tree_bytes(group.agents) / 2**20)
+                row.update(seeds_per_vmap=group.seeds_per_vmap, state_mb=_tree_bytes(group.agents) / 2**20)
         _seconds(sequential)  # Compiles the single-seed block.
         best = {key: _seconds(fn) for key, fn in calls.items()}
         for _ in range(repeats - 1):

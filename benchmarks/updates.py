@@ -140,11 +140,13 @@ def make_dataset(num_transitions, seed=0):
 
 def bench_agent(agent_name, size, dataset, target_s=3.0, rounds=2, max_fused=100, replay=True, matmul_n=2048):
     """All update measurements of one agent at one size; returns a flat dict of numbers (seconds, FLOPs, rates)."""
+    from training.data import LOSS_FIELDS
+
     agent, config = make_agent(agent_name, size)
     batch_size, horizon, discount = config['batch_size'], config['horizon_length'], config['discount']
 
     def sample():
-        return dataset.sample_sequence(batch_size, horizon, discount)
+        return dataset.sample_sequence(batch_size, horizon, discount, fields=LOSS_FIELDS)
 
     out = dict(agent=agent_name, size=size, actor_type=config.get('actor_type'), horizon=horizon, batch=batch_size)
     out['hidden'] = 'x'.join(str(h) for h in config['value_hidden_dims'])

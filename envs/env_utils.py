@@ -51,7 +51,7 @@ class RunEnvs:
     Attributes:
         env: The training environment, wrapped (see `make_env_and_datasets`) and reset with `seed`.
         eval_envs: `num_eval_envs` evaluation environments wrapped the same way; the first is the `eval_env` of
-            `make_env_and_datasets` (reset with `seed + 1`), the others are those of `make_eval_envs`.
+            `make_env_and_datasets` (reset with `seed + 1`), the others are made with seeds `seed + 2000 + i`.
         train_dataset: The offline training data, actions clipped, generator on the run's `dataset` stream
             (`utils.seeding`).
         val_dataset: The validation data (generator on the `val_dataset` stream), or None.
@@ -99,11 +99,13 @@ def make_run_envs(
     compact_dataset=False,
     seed=0,
     num_eval_envs=1,
+    with_val=True,
 ):
     """The environments and datasets of a training run of `env_name`, as a `RunEnvs`.
 
-    The arguments are those of `make_env_and_datasets`, plus `num_eval_envs` (at least 1) evaluation environments.
-    With `ogbench_dataset_dir`, the training data is the first shard of the returned `shards` cycler.
+    The arguments are those of `make_env_and_datasets`, plus `num_eval_envs` (at least 1) evaluation environments,
+    and `with_val=False` to leave the validation data unread (`val_dataset` None). With `ogbench_dataset_dir`, the
+    training data is the first shard of the returned `shards` cycler.
     """
     if num_eval_envs < 1:
         raise EnvError(f'need at least one evaluation environment, got num_eval_envs={num_eval_envs}')
@@ -118,9 +120,12 @@ def make_run_envs(
             env_name, ogbench_dataset_dir, compact_dataset=compact_dataset, action_clip_eps=action_clip_eps, seed=seed
         )
         env, eval_env = family.make_env(env_name), family.make_env(env_name)
-        train_dataset, val_dataset = shards.current(), shards.val_dataset()
+        train_dataset = shards.current()
+        val_dataset = shards.val_dataset() if with_val else None
     else:
         options = {'compact_dataset': True} if compact_dataset else {}
+        if not with_val and family is ogbench_utils:
+            options['with_val'] = False  # Only OGBench has validation files.
         env, eval_env, train_dataset, val_dataset = family.make_env_and_datasets(
             env_name, dataset_dir=dataset_dir, seed=seed, **options
         )
@@ -166,12 +171,3 @@ def _wrap_env(env, family, env_name, frame_stack):
 def _make_extra_eval_envs(family, env_name, num_envs, dataset_dir, frame_stack, seed):
     raw = [family.make_env(env_name, dataset_dir=dataset_dir, seed=seed + 2000 + i) for i in range(num_envs)]
     return [_wrap_env(e, family, env_name, frame_stack) for e in raw]
-
-
-def make_eval_envs(env_name, num_envs, dataset_dir=None, frame_stack=None, seed=0):
-    """`num_envs` more evaluation environments of `env_name`, wrapped like those of `make_env_and_datasets`.
-
-    For batched evaluation; RoboMimic needs the dataset (its env is built from the file's `env_args`).
-    """
-    family = FAMILIES[get_env_family(env_name)]
-    return _make_extra_eval_envs(family, env_name, num_envs, dataset_dir, frame_stack, seed)

@@ -86,8 +86,9 @@ def generate_command(dataset_name, dataset_dir):
     return f'python -m envs.generate_ogbench --env_name={dataset_name} --save_dir={dataset_dir}'
 
 
-def dataset_paths(env_name, dataset_dir=None):
-    """Train and validation file paths of an OGBench name; raises `EnvError` when either is missing.
+def dataset_paths(env_name, dataset_dir=None, with_val=True):
+    """Train and validation file paths of an OGBench name; raises `EnvError` when one is missing (the validation
+    file only `with_val`).
 
     OGBench would download missing files; this machine may have no network, so the user is told how to make them.
     """
@@ -95,7 +96,7 @@ def dataset_paths(env_name, dataset_dir=None):
     dataset_dir = os.path.expanduser(dataset_dir or DEFAULT_DATASET_DIR)
     train_path = os.path.join(dataset_dir, f'{dataset_name}.npz')
     val_path = os.path.join(dataset_dir, f'{dataset_name}-val.npz')
-    for path in (train_path, val_path):
+    for path in (train_path, val_path) if with_val else (train_path,):
         if not os.path.exists(path):
             raise EnvError(
                 f'OGBench dataset not found at {path}; download it with ogbench.download_datasets([{dataset_name!r}]) '
@@ -237,19 +238,23 @@ class OGBenchShardCycler:
         )
 
 
-def make_ogbench_env_and_datasets(env_name, dataset_dir=None, compact_dataset=False):
-    """(env, eval_env, train_dataset, val_dataset) of an OGBench single-task name, unwrapped, unclipped and unseeded.
+def make_ogbench_env_and_datasets(env_name, dataset_dir=None, compact_dataset=False, with_val=True):
+    """(env, eval_env, train_dataset, val_dataset) of an OGBench single-task name, unwrapped, unclipped and unseeded;
+    with `with_val=False` the validation file is neither needed nor read (val_dataset is None).
 
     Sharded datasets are served by `OGBenchShardCycler` (see `envs.env_utils.make_run_envs`).
     """
     ogbench = _import_ogbench()
     # Missing data is reported before the (slow) environments are built.
-    train_path, val_path = dataset_paths(env_name, dataset_dir)
-    for path in (train_path, val_path):
+    train_path, val_path = dataset_paths(env_name, dataset_dir, with_val=with_val)
+    paths = (train_path, val_path) if with_val else (train_path,)
+    for path in paths:
         npz_layout(path)  # Headers only: a damaged file is refused before the (slow) environments are built.
     env = make_ogbench_env(env_name)
     eval_env = make_ogbench_env(env_name)
-    for path in (train_path, val_path):
+    if not with_val:
+        return env, eval_env, load_relabelled(env_name, train_path, eval_env, compact_dataset), None
+    for path in paths:
         check_npz(path, env)
     # Passing the file path keeps OGBench from trying to download; it finds the `-val.npz` sibling itself.
     train, val = load_checked(
@@ -290,6 +295,8 @@ def make_env(env_name, dataset_dir=None, seed=0):
     return make_ogbench_env(env_name)
 
 
-def make_env_and_datasets(env_name, dataset_dir=None, seed=0, compact_dataset=False):
+def make_env_and_datasets(env_name, dataset_dir=None, seed=0, compact_dataset=False, with_val=True):
     """(env, eval_env, train_dataset, val_dataset), unwrapped and unclipped; see `make_ogbench_env_and_datasets`."""
-    return make_ogbench_env_and_datasets(env_name, dataset_dir=dataset_dir, compact_dataset=compact_dataset)
+    return make_ogbench_env_and_datasets(
+        env_name, dataset_dir=dataset_dir, compact_dataset=compact_dataset, with_val=with_val
+    )

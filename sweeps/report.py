@@ -1,7 +1,7 @@
 """`sweep.py status` and `sweep.py table`: what every run of a sweep is doing, and the paper-style results.
 
-Both read only files: the sweep's record (`sweep.json`), the drivers' run directories (`flags.json`, the CSV logs,
-`finished.json`) and the job state files; `squeue`, where it exists, tells a queued or running SLURM job from one
+Both read only files: the sweep's record (`sweep.json`), the drivers' run directories (only through
+`training.run_files`) and the job state files; `squeue`, where it exists, tells a queued or running SLURM job from one
 that is gone.
 """
 
@@ -15,9 +15,8 @@ import numpy as np
 
 from sweeps import jobs
 from sweeps.spec import RUNS_DIR, Run, group_units
-from training.trainer import FINISHED_FILE
+from training import run_files
 from utils.errors import UserError
-from utils.plotting import metric_column, read_csv
 
 STATES = ('pending', 'running', 'finished', 'failed')
 BOOTSTRAP_SAMPLES = 10000
@@ -29,7 +28,7 @@ def run_dir(sweep_dir, name):
 
 
 def is_finished(sweep_dir, name):
-    return os.path.isfile(os.path.join(run_dir(sweep_dir, name), FINISHED_FILE))
+    return run_files.is_finished(run_dir(sweep_dir, name))
 
 
 def slurm_queue():
@@ -67,33 +66,6 @@ def unit_active(sweep_dir, unit_name, queue=None):
     return state['state'] == 'running'
 
 
-def _csv(path):
-    try:
-        return read_csv(path)
-    except (OSError, StopIteration):
-        return {}
-
-
-def last_step(path):
-    """The highest step any of a run's CSV logs reached (None before its first row)."""
-    steps = []
-    for name in ('offline_agent.csv', 'online_agent.csv', 'eval.csv', 'env.csv'):
-        columns = _csv(os.path.join(path, name))
-        if len(columns.get('step', ())):
-            steps.append(int(np.nanmax(columns['step'])))
-    return max(steps) if steps else None
-
-
-def eval_curve(path):
-    """(steps, success) of a run's evaluations (empty arrays before the first)."""
-    columns = _csv(os.path.join(path, 'eval.csv'))
-    success = metric_column(columns, 'success')
-    if success is None or 'step' not in columns:
-        return np.zeros(0), np.zeros(0)
-    keep = ~np.isnan(success)
-    return columns['step'][keep], success[keep]
-
-
 def load_sweep(sweep_dir):
     """(runs, {run name: unit name}) of the sweep recorded in `sweep_dir`."""
     path = os.path.join(sweep_dir, 'sweep.json')
@@ -112,8 +84,8 @@ def load_sweep(sweep_dir):
 def run_status(sweep_dir, name, unit_name=None, queue=None):
     """dict(state, step, success, note) of one run; `state` is one of `STATES`."""
     path = run_dir(sweep_dir, name)
-    steps, success = eval_curve(path)
-    info = dict(step=last_step(path), success=float(success[-1]) if len(success) else None, note='')
+    steps, success = run_files.eval_curve(path)
+    info = dict(step=run_files.last_step(path), success=float(success[-1]) if len(success) else None, note='')
     if is_finished(sweep_dir, name):
         return dict(info, state='finished')
     state = jobs.read_state(sweep_dir, unit_name or name)
@@ -154,33 +126,6 @@ def bootstrap_ci(values, rng, samples=BOOTSTRAP_SAMPLES):
     return float(values.mean()), float(low), float(high)
 
 
-def phase_ends(path):
-    """{'offline': step, 'online': step} where each phase of a run ends (a phase it does not have is left out)."""
-    try:
-        with open(os.path.join(path, 'flags.json')) as f:
-            flags = json.load(f)
-    except (OSError, ValueError):
-        return {}
-    offline, online = int(flags.get('offline_steps') or 0), int(flags.get('online_steps') or 0)
-    ends = {}
-    if offline > 0:
-        ends['offline'] = offline
-    if online > 0:
-        ends['online'] = offline + online
-    return ends
-
-
-def final_success(path):
-    """{phase: success of the evaluation at the end of that phase} of a run (phases not reached are left out)."""
-    steps, success = eval_curve(path)
-    values = {}
-    for phase, end in phase_ends(path).items():
-        hit = np.flatnonzero(steps == end)
-        if len(hit):
-            values[phase] = float(success[hit[-1]])
-    return values
-
-
 def _cell(values, rng, seeds):
     if not values:
         return '-'
@@ -196,14 +141,14 @@ def results(sweep_dir):
     for run in runs:
         entry = table.setdefault((run.env, run.method), dict(offline=[], online=[], curves=[], seeds=0))
         path = run_dir(sweep_dir, run.name)
-        values = final_success(path)
+        values = run_files.phase_results(path)
         for phase, value in values.items():
             entry[phase].append(value)
         if values:
             entry['seeds'] += 1
-        steps, success = eval_curve(path)
+        steps, success = run_files.eval_curve(path)
         if len(steps):
-            entry['curves'].append((steps, success, phase_ends(path).get('offline', 0)))
+            entry['curves'].append((steps, success, run_files.run_phase_ends(path).get('offline', 0)))
     return table
 
 

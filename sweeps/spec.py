@@ -241,7 +241,7 @@ def check_unit(unit, sweep_dir):
         with _in_repo_root(), mock.patch.object(sys, 'argv', argv):
             define_flags(preset, values)
             values(argv)
-            from_flags(values, argv, preset)
+            from_flags(values, preset)
     except (absl_flags.Error, UserError, KeyError, ValueError, TypeError, AttributeError) as e:
         message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise SpecError(f'{first.method} on {first.env} ({first.driver}): {message}') from e

@@ -9,6 +9,8 @@ import os
 import tempfile
 
 import jax
+import pytest
+from helpers import generate_cube_single
 
 if 'JAX_COMPILATION_CACHE_DIR' not in os.environ:
     os.environ['JAX_COMPILATION_CACHE_DIR'] = tempfile.mkdtemp(prefix='qc-jax-cache-')
@@ -17,3 +19,9 @@ if 'JAX_COMPILATION_CACHE_DIR' not in os.environ:
 jax.config.update('jax_compilation_cache_dir', os.environ['JAX_COMPILATION_CACHE_DIR'])
 jax.config.update('jax_persistent_cache_min_compile_time_secs', 0)
 jax.config.update('jax_persistent_cache_min_entry_size_bytes', 0)
+
+
+@pytest.fixture(scope='session')
+def cube_dir(tmp_path_factory):
+    """A tiny generated cube-single dataset (2 episodes of 41 steps), shared by the trainer tests."""
+    return generate_cube_single(tmp_path_factory.mktemp('ogbench'), num_episodes=2, episode_length=41)

@@ -53,6 +53,18 @@ def tagged_dataset(lengths, seed=0, **kwargs):
     return Dataset.create(seed=seed, **tagged_episodes(lengths, **kwargs), **options)
 
 
+def sample_transitions(dataset, batch_size):
+    """`batch_size` single transitions of `dataset`, uniform over the stored ones (frame-stacked and augmented like
+    its chunk batches), on the dataset's generator."""
+    logical = dataset.rng.integers(0, dataset.size, size=batch_size)
+    batch = dataset.get_subset(dataset._physical(logical))
+    if dataset.frame_stack is not None:
+        batch['observations'], batch['next_observations'] = dataset._stacked_observations(logical)
+    if batch['observations'].ndim >= 4:
+        dataset._augment(batch, ['observations', 'next_observations'])
+    return batch
+
+
 def random_dataset(n=300, obs_dim=5, action_dim=2, episode_length=50, seed=0):
     """A dataset of random transitions in fixed-length episodes, for agent tests."""
     rng = np.random.default_rng(seed)
@@ -152,4 +164,4 @@ def parse_run(preset, argv):
     with mock.patch.object(sys, 'argv', argv):
         define_flags(preset, flag_values)
         flag_values(argv)
-    return from_flags(flag_values, argv, preset)
+    return from_flags(flag_values, preset)

@@ -2,10 +2,10 @@
 
 import numpy as np
 import pytest
-from helpers import tagged_dataset, tagged_episodes
+from helpers import sample_transitions, tagged_dataset, tagged_episodes
 
 from training.data import TRANSITION_KEYS
-from utils.datasets import Dataset, PrefixReplayBuffer, ReplayBuffer
+from utils.datasets import SEQUENCE_FIELDS, Dataset, PrefixReplayBuffer, ReplayBuffer
 
 LENGTHS = (7, 5, 9, 4)  # Episode boundaries at t = 6, 11, 20, 24.
 GAMMA = 0.9
@@ -38,18 +38,21 @@ def test_sample_sequence_matches_hand_rolled_chunks(horizon):
     assert set(starts) == set(range(dataset.size - horizon + 1))
     assert batch['actions'].shape == (512, horizon, 2)
     assert batch['next_observations'].shape == (512, horizon, 3)
-    assert set(batch) == {'observations', 'actions', 'next_observations', 'rewards', 'masks', 'valid'}
-    for key in ('rewards', 'masks', 'valid'):
+    assert set(batch) == set(SEQUENCE_FIELDS)
+    assert batch['full_observations'].shape == (512, horizon, 3)
+    for key in ('rewards', 'masks', 'terminals', 'valid'):
         assert batch[key].shape == (512, horizon) and batch[key].dtype == np.float32
 
     steps = starts[:, None] + np.arange(horizon)
     np.testing.assert_array_equal(batch['observations'][:, 0], steps[:, 0])
+    np.testing.assert_array_equal(batch['full_observations'][..., 0], steps)
     np.testing.assert_array_equal(batch['next_observations'][..., 0], steps + 0.5)
     np.testing.assert_allclose(batch['actions'][..., 0], steps / 1000.0, rtol=1e-6)
     for b in range(0, 512, 7):
-        rewards, masks, _, valid = expected_chunk(fields, starts[b], horizon, GAMMA)
+        rewards, masks, terminals, valid = expected_chunk(fields, starts[b], horizon, GAMMA)
         np.testing.assert_allclose(batch['rewards'][b], rewards, rtol=1e-6)
         np.testing.assert_array_equal(batch['masks'][b], masks)
+        np.testing.assert_array_equal(batch['terminals'][b], terminals)
         np.testing.assert_array_equal(batch['valid'][b], valid)
 
 
@@ -90,7 +93,7 @@ def test_image_sequences_use_height_width_horizon_channel_layout():
 
 def test_frame_stack_clamps_at_episode_starts():
     dataset = tagged_dataset(LENGTHS, frame_stack=3, obs_dim=1)
-    batch = dataset.sample(256)
+    batch = sample_transitions(dataset, 256)
     starts = np.concatenate([[0], np.cumsum(LENGTHS)[:-1]])
     t = batch['observations'][:, -1].astype(int)
     episode_start = starts[np.searchsorted(starts, t, side='right') - 1]
@@ -127,7 +130,7 @@ def test_augmentation_keeps_shapes_and_crops_consistently():
     np.testing.assert_array_equal(batch['next_observations'][..., 0, :], batch['observations'])
     np.testing.assert_array_equal(batch['next_observations'][..., 1, :], batch['observations'])
     assert not np.all(batch['observations'] == ramp)
-    single = dataset.sample(32)
+    single = sample_transitions(dataset, 32)
     assert single['observations'].shape == (32, 12, 12, 3)
 
 
@@ -147,7 +150,7 @@ def test_example_is_the_first_transition_shaped_like_one_sampled_row():
     state = dataset.rng.bit_generator.state
     example = dataset.example()
     assert dataset.rng.bit_generator.state == state  # No random draw.
-    row = dataset.sample(1)
+    row = sample_transitions(dataset, 1)
     assert example.keys() == row.keys()
     for key, value in example.items():
         assert value.shape == row[key].shape[1:] and value.dtype == row[key].dtype, key
@@ -158,7 +161,7 @@ def test_example_is_the_first_transition_shaped_like_one_sampled_row():
     state = dataset.rng.bit_generator.state
     example = dataset.example()
     assert dataset.rng.bit_generator.state == state
-    row = dataset.sample(1)
+    row = sample_transitions(dataset, 1)
     assert example.keys() == row.keys()
     for key, value in example.items():
         assert value.shape == row[key].shape[1:] and value.dtype == row[key].dtype, key
@@ -207,7 +210,7 @@ def test_replay_buffer_before_and_after_wrap_around():
     for b in range(0, 2000, 37):
         expected = [sum(GAMMA**j * (starts[b] + j + 1) for j in range(i + 1)) for i in range(3)]
         np.testing.assert_allclose(batch['rewards'][b], expected, rtol=1e-6)
-    single = buffer.sample(500)
+    single = sample_transitions(buffer, 500)
     assert set(single['observations'][:, 0].astype(int)) == set(range(5, 15))
     # The example transition is the oldest stored one, at the write pointer.
     assert buffer.example()['observations'][0] == 5.0
@@ -253,7 +256,7 @@ def test_frame_stack_in_a_full_buffer_never_reaches_past_the_oldest_step():
     buffer = ReplayBuffer.create(transition(0), size=6, frame_stack=3, seed=0)
     for t in range(9):
         buffer.add_transition(transition(t))
-    batch = buffer.sample(200)
+    batch = sample_transitions(buffer, 200)
     t = batch['observations'][:, -1].astype(int)
     oldest = 3
     expected = np.stack([np.maximum(t - 2, oldest), np.maximum(t - 1, oldest), t], axis=1)
@@ -294,7 +297,7 @@ def test_compact_layout_samples_exactly_like_duplicated_next_observations(kind):
         assert a.keys() == b.keys()
         for key in a:
             np.testing.assert_array_equal(a[key], b[key], err_msg=key)
-        a, b = full.sample(32), compact.sample(32)
+        a, b = sample_transitions(full, 32), sample_transitions(compact, 32)
         for key in a:
             np.testing.assert_array_equal(a[key], b[key], err_msg=key)
     np.testing.assert_array_equal(compact['next_observations'], full['next_observations'])

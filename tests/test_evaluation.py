@@ -220,7 +220,7 @@ class PureAgent(flax.struct.PyTreeNode):
         return noise + self.scale * observations[0]
 
 
-def test_batched_evaluation_matches_sequential():
+def test_batched_evaluation_matches_sequential(monkeypatch):
     agent = PureAgent(scale=jnp.float32(0.1))
     kwargs = dict(num_eval_episodes=5, num_video_episodes=1, video_frame_skip=2, seed=3)
     seq_env = VaryingLengthEnv(episode_length=50)
@@ -228,14 +228,14 @@ def test_batched_evaluation_matches_sequential():
 
     copies = [VaryingLengthEnv(episode_length=50) for _ in range(3)]
     calls = []
+    vmapped_sample = evaluation._vmapped_sample
 
-    def batch_sample_fn(observations, keys):
+    def counted_sample(agent, observations, *key_parts):
         calls.append(len(observations))
-        return evaluation._vmapped_sample(agent, observations, keys)
+        return vmapped_sample(agent, observations, *key_parts)
 
-    stats_b, trajs_b, renders_b = evaluate(
-        agent, None, ACTION_DIM, envs=copies, batch_sample_fn=batch_sample_fn, **kwargs
-    )
+    monkeypatch.setattr(evaluation, '_vmapped_sample', counted_sample)
+    stats_b, trajs_b, renders_b = evaluate(agent, None, ACTION_DIM, envs=copies, **kwargs)
     # Every copy ran episodes, and the batches were padded to the number of copies.
     assert all(env.reset_seeds for env in copies)
     assert sorted(s for env in copies for s in env.reset_seeds) == seq_env.reset_seeds == list(range(3, 9))
@@ -251,6 +251,33 @@ def test_batched_evaluation_matches_sequential():
     assert len(renders_b) == 1
     np.testing.assert_array_equal(renders_b[0], renders_s[0])
 
-    # The default batched sampler vmaps the agent's own sample_actions.
+    # Two copies give the same statistics as three.
     stats_d, _, _ = evaluate(agent, None, ACTION_DIM, envs=[VaryingLengthEnv(50) for _ in range(2)], **kwargs)
     assert stats_d == pytest.approx(stats_s, abs=1e-6)
+
+
+def test_lockstep_evaluation_of_several_agents_matches_each_alone():
+    agents = [PureAgent(scale=jnp.float32(0.1)), PureAgent(scale=jnp.float32(0.3))]
+    seeds, options = (3, 7), dict(num_eval_episodes=5, num_video_episodes=1, video_frame_skip=2)
+    alone = [
+        evaluate(agent, None, ACTION_DIM, envs=[VaryingLengthEnv(episode_length=50) for _ in range(2)], seed=seed,
+                 **options)  # fmt: skip
+        for agent, seed in zip(agents, seeds, strict=True)
+    ]
+
+    def sample_chunks(observations, key_seeds, indices, chunks):
+        return np.stack([
+            evaluation._fetch(evaluation._vmapped_sample(a, observations[g], key_seeds[g], indices[g], chunks[g]))
+            for g, a in enumerate(agents)
+        ])  # fmt: skip
+
+    env_sets = [[VaryingLengthEnv(episode_length=50) for _ in range(2)] for _ in agents]
+    kwargs = evaluation.runner_options(5, 2, record_trajectories=True)
+    finished = evaluation.run_lockstep(sample_chunks, env_sets, ACTION_DIM, list(seeds), 6, kwargs)
+    for g, (stats, trajs, renders) in enumerate(alone):
+        together = evaluation.summarize([finished[g][i] for i in range(6)], 5, True)
+        assert together[0] == pytest.approx(stats, abs=1e-6)
+        for ta, tb in zip(together[1], trajs, strict=True):
+            np.testing.assert_allclose(np.array(ta['action']), np.array(tb['action']), atol=1e-6)
+        np.testing.assert_array_equal(together[2][0], renders[0])
+    assert alone[0][0] != pytest.approx(alone[1][0], abs=1e-6)  # the two evaluations differ

@@ -15,7 +15,7 @@ from absl import flags
 from ml_collections import ConfigDict, config_flags
 
 import log_utils
-from utils import plotting
+from training import plotting
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -15,7 +15,7 @@ import log_utils
 from envs import gl_backend
 from evaluation import evaluate
 from sweeps.presets import METHODS
-from utils import plotting
+from training import plotting
 
 ENV = 'cube-single-play-singletask-task2-v0'
 TINY = [
@@ -75,6 +75,9 @@ def test_driver_output_is_quiet_and_ends_with_a_summary(data_dir, tmp_path):
     assert not [line for line in proc.stdout.splitlines() if NOISE.search(line)], proc.stdout
     run_dir = os.path.join(str(tmp_path), 'Debug', 'quiet')
     lines = proc.stdout.splitlines()
+    # What was compiled and what came from the persistent compilation cache (the suite's, shared with drivers).
+    assert [line for line in lines if re.fullmatch(r'compiles: \d+ programs in [\d.]+ s: \d+ compiled, \d+ loaded '
+                                                    r'from the cache in \S+', line)], lines  # fmt: skip
     start = lines.index(f'Summary of {run_dir}')
     offline, online = lines[start + 1], lines[start + 2]
     assert re.fullmatch(r'  offline 10 steps, 10 updates in \d+ s \([\d.]+ updates/s\); eval at step 10: '
@@ -113,9 +116,9 @@ render_two_episodes({str(tmp_path)!r})
 
 def render_two_episodes(out_dir):
     """Renders two random-action episodes of cube-single into `out_dir`; prints the video path and frame count."""
-    from envs.env_utils import make_eval_envs
+    from envs.env_utils import make_seed_envs
 
-    env = make_eval_envs(ENV, 1)[0]
+    env = make_seed_envs(ENV, 0)[1][0]
     action_dim = env.action_space.shape[0]
     _, _, renders = evaluate(RandomChunks(action_dim), env, action_dim, num_eval_episodes=0, num_video_episodes=2)
     assert len(renders) == 2
@@ -135,7 +138,7 @@ def test_videos_are_turned_off_before_training_where_nothing_renders(data_dir, t
     trainer = Trainer(run, agents)  # Nothing has been updated yet.
     out = capsys.readouterr().out
     assert 'warning: videos are off (no OpenGL backend renders here)' in out
-    assert trainer.run.video_episodes == 0 and 'first update' not in trainer.startup
+    assert trainer.run.video_episodes == 0 and 'first update' not in trainer.startup.stages
     trainer.finish(quiet=True)
 
 

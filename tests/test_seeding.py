@@ -8,6 +8,7 @@ from helpers import parse_run, tagged_episodes
 import main_online
 from training.actor import OnlineActor
 from training.data import TRANSITION_KEYS, make_replay_buffer
+from training.seeds import chunk_key
 from utils import seeding
 from utils.datasets import Dataset
 
@@ -62,4 +63,4 @@ def test_online_actor_streams_differ_from_the_agent_key():
     np.testing.assert_array_equal(actor.random_action(), other.random_action())  # reproducible per seed
     # The agent's `create(seed)` splits PRNGKey(seed) for its init; the actor's chunk keys come from another stream.
     _, init_key = jax.random.split(jax.random.PRNGKey(0))
-    assert not np.array_equal(np.asarray(actor.next_key()), np.asarray(init_key))
+    assert not np.array_equal(np.asarray(chunk_key(actor.key_seed, 0)), np.asarray(init_key))

@@ -11,7 +11,7 @@ import os
 import jax
 import numpy as np
 import pytest
-from helpers import generate_cube_single, parse_run, read_csv
+from helpers import parse_run, read_csv
 
 import main
 from agents import agents
@@ -36,11 +36,6 @@ AGENTS = {
 }
 OFFLINE = ['--offline_steps=6', '--online_steps=0', '--fused_steps=3', '--log_interval=3', '--eval_interval=0',
            '--save_interval=6']  # fmt: skip
-
-
-@pytest.fixture(scope='module')
-def cube_dir(tmp_path_factory):
-    return generate_cube_single(tmp_path_factory.mktemp('ogbench'), num_episodes=2, episode_length=41)
 
 
 @pytest.fixture(autouse=True)
@@ -83,14 +78,14 @@ def test_offline_seeds_log_what_each_seed_logs_alone(cube_dir, tmp_path, agent, 
     for seed in compared:
         i = seeds.index(seed)
         alone = train(cube_dir, tmp_path, agent, *args, f'--seed={seed}', f'--exp_name=alone{seed}')
-        lane_dir, alone_dir = group.lanes[i].run_dir, alone.run_dir
+        lane_dir, alone_dir = group.lanes[i].run_dir, alone.lanes[0].run_dir
         # The same files as a single-seed run, and a flags.json that is that run's.
         assert sorted(os.listdir(lane_dir)) == sorted(os.listdir(alone_dir))
         with open(os.path.join(lane_dir, 'flags.json')) as f, open(os.path.join(alone_dir, 'flags.json')) as g:
             lane_flags, alone_flags = json.load(f), json.load(g)
-        assert lane_flags['seed'] == seed and lane_flags['seeds'] is None
+        assert lane_flags['seed'] == seed and 'seeds' not in lane_flags
         for flags in (lane_flags, alone_flags):
-            for key in ('exp_name', 'seed', 'seeds'):
+            for key in ('exp_name', 'seed'):
                 flags.pop(key)
         assert lane_flags == alone_flags
         assert_rows_close(loss_rows(lane_dir, 'offline_agent.csv'), loss_rows(alone_dir, 'offline_agent.csv'))
@@ -99,7 +94,7 @@ def test_offline_seeds_log_what_each_seed_logs_alone(cube_dir, tmp_path, agent, 
         jax.tree_util.tree_map(
             lambda x, y: np.testing.assert_allclose(x, y, **TOL),
             group.agents.agent(i).network.params,
-            alone.agent.network.params,
+            alone.agents.agent(0).network.params,
         )
     # Seeds differ from one another (the stream of each is its own).
     rows = [loss_rows(lane.run_dir, 'offline_agent.csv')[0][1] for lane in group.lanes]
@@ -116,11 +111,12 @@ def test_online_seeds_start_like_each_seed_alone(cube_dir, tmp_path):
         alone = train(cube_dir, tmp_path, 'qc', *online, f'--seed={seed}', f'--exp_name=alone{seed}')
         lane = group.lanes[i]
         # The replay buffer's first online rows hold the first chunk (H = 2 actions); the prefix is shared.
-        np.testing.assert_allclose(lane.replay.online['actions'][:2], alone.replay.online['actions'][:2], **TOL)
-        assert lane.replay.size == alone.replay.size == alone.dataset.size + 3
+        alone_actions = alone.lanes[0].replay.online['actions']
+        np.testing.assert_allclose(lane.replay.online['actions'][:2], alone_actions[:2], **TOL)
+        assert lane.replay.size == alone.lanes[0].replay.size == alone.lanes[0].dataset.size + 3
         assert np.shares_memory(lane.replay.prefix['actions'], group.lanes[0].dataset['actions'])
         first_group = loss_rows(lane.run_dir, 'online_agent.csv')[:1]
-        first_alone = loss_rows(alone.run_dir, 'online_agent.csv')[:1]
+        first_alone = loss_rows(alone.lanes[0].run_dir, 'online_agent.csv')[:1]
         assert_rows_close(first_group, first_alone)
     first_actions = [lane.replay.online['actions'][0] for lane in group.lanes]
     assert not np.allclose(first_actions[0], first_actions[1])

@@ -9,18 +9,18 @@ import gymnasium
 import jax
 import numpy as np
 import pytest
-from helpers import generate_cube_single, parse_run, random_dataset, read_csv, tagged_dataset, tiny_acfql_config
+from helpers import parse_run, random_dataset, read_csv, tagged_dataset, tiny_acfql_config
 
 import main
 import main_online
 from agents import agents
 from agents.acfql import ACFQLAgent
 from training import StopTraining, Trainer
-from training import trainer as trainer_module
-from training.actor import OnlineActor, episode_row
+from training import hooks as hooks_module
+from training.actor import OnlineActor, episode_row, policy_actions
 from training.data import TRANSITION_KEYS, ChunkSampler, process_dataset
 from training.schedule import block_end
-from training.trainer import create_agents
+from training.setup import create_agents
 from utils import seeding
 from utils.datasets import ReplayBuffer
 from utils.errors import UsageError
@@ -90,14 +90,16 @@ class CountingEnv(gymnasium.Env):
 
 
 class ChunkAgent:
-    """Returns a chunk of 3 actions whose entries count the calls."""
+    """Returns a chunk of 3 actions whose entries count the calls; records the chunk indices it was given."""
 
     def __init__(self):
         self.calls = 0
+        self.indices = []
 
-    def sample_actions(self, observations, rng):
+    def sample_chunks(self, observations, key_seeds, indices):
         self.calls += 1
-        return np.full(6, self.calls / 100.0, np.float32)
+        self.indices.extend(indices.tolist())
+        return np.full((len(observations), 6), self.calls / 100.0, np.float32)
 
 
 def test_online_actor_samples_a_chunk_only_when_the_queue_is_empty_and_clears_it_on_reset():
@@ -105,7 +107,7 @@ def test_online_actor_samples_a_chunk_only_when_the_queue_is_empty_and_clears_it
     agent = ChunkAgent()
     transitions = []
     for _ in range(10):
-        transition, _, done = actor.step(agent)
+        transition, _, done = actor.step(policy_actions([actor], agent.sample_chunks)[0])
         transitions.append((transition, done))
     # Steps 1-3 chunk 1, 4-6 chunk 2, step 7 chunk 3 then the episode ends and the queue is dropped.
     expected_calls = [1, 1, 1, 2, 2, 2, 3, 4, 4, 4]
@@ -115,6 +117,7 @@ def test_online_actor_samples_a_chunk_only_when_the_queue_is_empty_and_clears_it
     t, _ = transitions[6]
     assert t['terminals'] == 1.0 and t['masks'] == 0.0 and t['rewards'] == 0.0
     assert transitions[7][0]['observations'][0] == 0.0  # the env was reset
+    assert agent.indices == [0, 1, 2, 3] and actor.chunks == 4  # each chunk its own key index
 
 
 def test_env_metrics_are_averaged_over_the_episodes_of_a_log_interval():
@@ -172,7 +175,7 @@ def test_run_config_is_frozen_and_validated():
     # Random actions while step <= start_training, as the reference's main_online.py.
     assert online.offline_steps == 0 and online.random_steps == online.start_training == 5000
     with pytest.raises(dataclasses.FrozenInstanceError):
-        run.seed = 3
+        run.utd_ratio = 3
     for change, message in [
         (dict(utd_ratio=0), '--utd_ratio must be >= 1'),
         (dict(dataset_proportion=0.0), '--dataset_proportion must be in'),
@@ -182,11 +185,6 @@ def test_run_config_is_frozen_and_validated():
     ]:
         with pytest.raises(UsageError, match=message):
             run.replace(**change)
-
-
-@pytest.fixture(scope='module')
-def cube_dir(tmp_path_factory):
-    return generate_cube_single(tmp_path_factory.mktemp('ogbench'), num_episodes=2, episode_length=41)
 
 
 def test_trainer_runs_in_process(cube_dir, tmp_path):
@@ -204,10 +202,11 @@ def test_trainer_runs_in_process(cube_dir, tmp_path):
     assert [r['step'] for r in read_csv(os.path.join(run_dir, 'online_agent.csv'))] == ['9']
     assert [r['step'] for r in read_csv(os.path.join(run_dir, 'eval.csv'))] == ['6', '10']
     # The replay buffer the trainer owns started as the data and holds the 4 online transitions after it.
-    assert trainer.replay.size == trainer.dataset.size + 4 and trainer.replay.max_size == 100
-    assert int(trainer.agent.network.step) == 1 + 6 + 3
-    assert set(trainer.startup) >= {'envs and data', 'agent', 'first update'}
-    assert trainer.startup_line().startswith('start-up: ')
+    lane = trainer.lanes[0]
+    assert lane.replay.size == lane.dataset.size + 4 and lane.replay.max_size == 100
+    assert int(trainer.agents.agent(0).network.step) == 1 + 6 + 3
+    assert set(trainer.startup.stages) >= {'envs and data', 'agent', 'first update'}
+    assert trainer.startup.line().startswith('start-up: ')
 
 
 TINY_RUN = [
@@ -219,13 +218,13 @@ TINY_RUN = [
 
 def test_evaluations_draw_fresh_starts_that_a_resume_draws_again(cube_dir, tmp_path, monkeypatch):
     seeds = []
-    real_evaluate = trainer_module.evaluate
+    real_evaluate = hooks_module.evaluate
 
     def recording_evaluate(*args, **kwargs):
         seeds.append(kwargs['seed'])
         return real_evaluate(*args, **kwargs)
 
-    monkeypatch.setattr(trainer_module, 'evaluate', recording_evaluate)
+    monkeypatch.setattr(hooks_module, 'evaluate', recording_evaluate)
     base = TINY_RUN + [
         f'--dataset_dir={cube_dir}', f'--save_dir={tmp_path}', '--agent.flow_steps=2', '--agent.actor_num_samples=2',
         '--offline_steps=6', '--online_steps=0', '--eval_interval=2', '--save_interval=2', '--seed=3',
@@ -257,7 +256,8 @@ def test_main_online_warm_up_and_shard_cycling_keep_the_episode(cube_dir, tmp_pa
     ]  # fmt: skip
     trainer = Trainer(parse_run(main_online.PRESET, argv), agents)
     random_steps, shard_steps, resets, sources = [], [], [], []
-    real_random, real_next, real_set_source = OnlineActor.random_action, trainer.shards.next, ChunkSampler.set_source
+    shards = trainer.lanes[0].shards
+    real_random, real_next, real_set_source = OnlineActor.random_action, shards.next, ChunkSampler.set_source
     env_reset = trainer.lanes[0].env.reset
 
     def random_action(actor):
@@ -277,7 +277,7 @@ def test_main_online_warm_up_and_shard_cycling_keep_the_episode(cube_dir, tmp_pa
         return real_set_source(sampler, name, source)
 
     monkeypatch.setattr(OnlineActor, 'random_action', random_action)
-    monkeypatch.setattr(trainer.shards, 'next', next_shard)
+    monkeypatch.setattr(shards, 'next', next_shard)
     monkeypatch.setattr(trainer.lanes[0].env, 'reset', reset)
     monkeypatch.setattr(ChunkSampler, 'set_source', set_source)
     first_dataset = trainer.lanes[0].dataset
@@ -288,7 +288,7 @@ def test_main_online_warm_up_and_shard_cycling_keep_the_episode(cube_dir, tmp_pa
     assert [int(r['step']) for r in rows] == [3, 4, 5, 6, 7]
     # A new shard after every 2 steps feeds the data half of the batches; the training episode goes on (the only
     # reset is the actor's first one).
-    assert shard_steps == [2, 4, 6] and trainer.shards.index == 0 and trainer.shards.loads == 4
+    assert shard_steps == [2, 4, 6] and shards.index == 0 and shards.loads == 4
     # Each change hands the data source a new dataset: not the first shard's, not one used before.
     datasets = [first_dataset] + [source for _, source in sources]
     assert [name for name, _ in sources] == ['data'] * 3 and len({id(d) for d in datasets}) == 4

@@ -1,10 +1,11 @@
-"""The run layer: a typed run config, the chunk sampler, the online actor and the trainer the drivers share.
+"""The run layer: the typed run config, the lanes (one per seed), the training loops and their plumbing.
 
 `utils/` holds the foundations (datasets, networks, checkpoints, guards); this package sits above them and above
-`envs/`, `evaluation.py` and `log_utils.py`, and only the drivers sit above it.
+`envs/`, `evaluation.py` and `log_utils.py`, and only the drivers (and `sweeps/`) sit above it.
 """
 
 from training.config import Preset, RunConfig, define_flags, from_flags
-from training.trainer import StopTraining, Trainer
+from training.hooks import StopTraining
+from training.trainer import Trainer
 
 __all__ = ['Preset', 'RunConfig', 'StopTraining', 'Trainer', 'define_flags', 'from_flags']

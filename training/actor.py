@@ -1,6 +1,5 @@
 """Acting online: open-loop action chunks in the training environment, one replay transition per step."""
 
-import jax
 import numpy as np
 
 from evaluation import ActionQueue, mean_stats
@@ -10,11 +9,12 @@ from utils import seeding
 class OnlineActor:
     """Acts in an environment with open-loop action chunks and turns each step into a replay transition.
 
-    A new chunk is sampled only when the action queue is empty; the queue is cleared whenever an episode ends, so a
-    chunk never spans two episodes (as in evaluation). With `state_fn`, `last_state` holds the simulator state each
-    step reached, taken before any reset. With `frame_dim` (frame-stacked environments), transitions keep only the
-    newest `frame_dim` entries of the observation's last axis: the replay buffer stacks frames itself when it
-    samples, like the offline dataset.
+    A new chunk is sampled (`policy_actions`) only when the action queue is empty; the queue is cleared whenever an
+    episode ends, so a chunk never spans two episodes (as in evaluation). Chunk k is sampled with the JAX key
+    `fold_in(PRNGKey(key_seed), k)`, made inside the compiled policy call, so acting needs no JAX op of its own.
+    With `state_fn`, `last_state` holds the simulator state each step reached, taken before any reset. With
+    `frame_dim` (frame-stacked environments), transitions keep only the newest `frame_dim` entries of the
+    observation's last axis: the replay buffer stacks frames itself when it samples, like the offline dataset.
     """
 
     def __init__(self, env, action_dim, seed, reward_fn=None, state_fn=None, frame_dim=None):
@@ -25,21 +25,11 @@ class OnlineActor:
         self.frame_dim = frame_dim
         self.last_state = None
         # Each its own stream of the run seed (`utils.seeding`): chunk keys, and uniform actions before training.
-        self.rng = jax.random.PRNGKey(seeding.int_seed(seed, 'actor'))
+        self.key_seed = np.uint32(seeding.int_seed(seed, 'actor'))
+        self.chunks = 0  # Chunks sampled so far (the next chunk's key index).
         self.action_rng = seeding.generator(seed, 'random_actions')
         self.queue = ActionQueue(action_dim)
         self.observation, _ = env.reset()
-
-    def next_key(self):
-        """The key of the next chunk (the actor's generator advances)."""
-        self.rng, key = jax.random.split(self.rng)
-        return key
-
-    def _next_action(self, agent):
-        if self.queue.empty:
-            key = self.next_key()
-            self.queue.push_chunk(np.asarray(agent.sample_actions(observations=self.observation, rng=key)))
-        return self.queue.pop()
 
     def random_action(self):
         """A uniform random action in [-1, 1] (the warm-up before training starts)."""
@@ -48,10 +38,8 @@ class OnlineActor:
     def _stored(self, observation):
         return observation if self.frame_dim is None else observation[..., -self.frame_dim :]
 
-    def step(self, agent=None, action=None):
-        """Takes one env step with `action`, or with the agent's queued chunk. Returns (transition, info, done)."""
-        if action is None:
-            action = self._next_action(agent)
+    def step(self, action):
+        """Takes one env step with `action`. Returns (transition, info, done)."""
         next_observation, reward, terminated, truncated, info = self.env.step(np.clip(action, -1.0, 1.0))
         if self.state_fn is not None:
             self.last_state = self.state_fn(self.env)
@@ -82,17 +70,21 @@ def episode_row(episodes):
     return row
 
 
-def policy_actions(actors, agents):
-    """The next action of every seed's actor, with one batched policy call (a `SeedGroup`) when any queue is empty.
+def policy_actions(actors, sample_chunks):
+    """The next action of every seed's actor, with one policy call for all seeds when any queue is empty.
 
-    Only the actors that need a new chunk advance their generators; the others' rows of the call are discarded, so
-    each seed draws what it would draw alone.
+    `sample_chunks(observations (S, ...), key_seeds (S,), key_indices (S,))` returns (S, H * A) chunks as a NumPy
+    array (`SeedGroup.sample_chunks`). Only the actors that need a new chunk count it; the others' rows of the call
+    are discarded, so each seed draws what it would draw alone.
     """
     need = [actor.queue.empty for actor in actors]
     if any(need):
-        keys = [actor.next_key() if n else actor.rng for actor, n in zip(actors, need, strict=True)]
-        chunks = agents.sample_actions([actor.observation for actor in actors], keys)  # (S, H * A)
+        observations = np.stack([actor.observation for actor in actors])
+        key_seeds = np.array([actor.key_seed for actor in actors], dtype=np.uint32)
+        key_indices = np.array([actor.chunks for actor in actors], dtype=np.int32)
+        chunks = sample_chunks(observations, key_seeds, key_indices)  # (S, H * A)
         for actor, n, chunk in zip(actors, need, chunks, strict=True):
             if n:
                 actor.queue.push_chunk(chunk)
+                actor.chunks += 1
     return [actor.queue.pop() for actor in actors]

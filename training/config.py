@@ -1,9 +1,11 @@
-"""The run configuration: absl flags defined per driver preset, turned once into a frozen, validated `RunConfig`.
+"""The run configuration: every run setting declared once, as a field of `RunConfig`, with its default, help text,
+bounds and phase; the drivers' absl flags are generated from these declarations (`define_flags`) and turned once
+into a frozen, validated `RunConfig` (`from_flags`).
 
-Everything below the drivers (the trainer, the chunk sampler, the loggers) takes a `RunConfig`; nothing else reads
-absl flags. Agent hyperparameters stay in the agent's ml_collections config (`RunConfig.agent`); `horizon_length`
-and `discount` are resolved once here, from the driver flags or `--agent.*`, so that every later reader sees one
-value.
+Everything below the drivers (the trainer, the loops, the chunk sampler, the loggers) takes a `RunConfig`; nothing
+else reads absl flags. Agent hyperparameters stay in the agent's ml_collections config (`RunConfig.agent`), and that
+config is the one place of the chunk length and the discount: the driver flags `--horizon_length` and `--discount`
+are aliases that set `--agent.horizon_length` and `--agent.discount`.
 """
 
 import dataclasses
@@ -13,8 +15,12 @@ from typing import Any
 from absl import flags
 from ml_collections import config_flags
 
-from log_utils import get_flag_dict
 from utils.errors import UsageError
+
+# Driver flags that only set a key of the agent config, with the value they give when neither spelling is used.
+AGENT_ALIASES = dict(horizon_length=5, discount=0.99)
+# Old flag names, refused with the new name.
+RENAMED_FLAGS = dict(seed_chunk='seeds_per_vmap')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,7 +30,7 @@ class Preset:
     Attributes:
         agent_file: Default `--agent` config file.
         buffer_size: Default `--buffer_size`.
-        offline: Whether the run has an offline phase (and its flags: `--offline_steps`, `--fused_steps`, shards).
+        offline: Whether the run has an offline phase (and the settings of phase 'offline').
         online_data_fraction: Share of every online batch drawn from the offline data; the rest comes from the
             replay buffer (0: replay only, as `main.py`; 0.5: RLPD's symmetric sampling, as `main_online.py`).
         replay_starts_with_data: The replay buffer starts as a copy of the offline data; else it starts empty and
@@ -38,53 +44,94 @@ class Preset:
     replay_starts_with_data: bool
 
 
-@dataclasses.dataclass(frozen=True)
-class RunConfig:
-    """Every run setting, typed and validated (`from_flags`). Field meanings are the flag help strings."""
+def setting(default, help, kind=None, minimum=None, maximum=None, above=None, phase=None, flag_default=None):
+    """One run setting: a dataclass field whose metadata `define_flags` and `validate` read.
 
-    run_group: str
-    seed: int  # The first of `seeds`.
-    seeds: tuple  # Seeds trained together in this process (one for an ordinary run).
-    seed_chunk: int
-    env_name: str
-    save_dir: str
-    dataset_dir: str | None
-    offline_steps: int
-    fused_steps: int
-    online_steps: int
-    buffer_size: int
-    log_interval: int
-    eval_interval: int
-    save_interval: int
-    start_training: int
-    utd_ratio: int
-    eval_episodes: int
-    video_episodes: int
-    video_frame_skip: int
-    eval_envs: int
-    dataset_proportion: float
-    dataset_replace_interval: int
-    ogbench_dataset_dir: str | None
-    sparse: bool
-    frame_stack: int | None
-    p_aug: float | None
-    save_all_online_states: bool
-    exp_name: str | None
-    resume: bool
-    keep_checkpoints: int
-    max_runtime: float
-    preset: Preset
-    agent: Any  # The resolved agent ConfigDict (horizon_length and discount set from the flags).
-    flag_record: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)  # flags.json content.
+    Args:
+        default: The value of a run that does not set it (also of a run whose driver lacks the setting's phase).
+        help: The flag's help text.
+        kind: The flag type (int, float, str, bool, list); by default the type of `default`.
+        minimum, maximum: Inclusive bounds; `above`: an exclusive lower bound. An unset (None) value passes.
+        phase: 'offline' for a setting that only drivers with an offline phase define.
+        flag_default: The flag's default where it differs from `default`: a value, or a function of the `Preset`.
+    """
+    meta = dict(help=help, kind=kind or type(default), minimum=minimum, maximum=maximum, above=above, phase=phase)
+    meta['flag_default'] = default if flag_default is None else flag_default
+    return dataclasses.field(default=default, metadata=meta)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RunConfig:
+    """Every run setting, typed and validated; field metadata holds each flag's help text and bounds."""
+
+    run_group: str = setting('Debug', 'Run group (folder under save_dir and wandb group).')
+    seeds: tuple = setting((0,), 'Seeds trained in this process as one vmapped program, e.g. 0,1,2,3; each seed gets '
+                           'its own run directory, as if run alone with --seed=s (--seed=s is --seeds=s).', kind=list)
+    env_threads: int = setting(1, 'With --seeds: threads that step the seeds\' environments side by side (1: one '
+                               'after another, measured faster for OGBench on an H200 node, where the '
+                               'environments\' Python holds the GIL; try more for environments whose step is mostly '
+                               'simulation). Results do not depend on it.', minimum=1)
+    seeds_per_vmap: int = setting(0, 'With --seeds: seeds vmapped together, the others loop inside the same compiled '
+                                  'call (0: all seeds on a GPU/TPU, 1 on a CPU).', minimum=0)
+    env_name: str = setting('cube-triple-play-singletask-task2-v0', 'Environment (and dataset) name.')
+    save_dir: str = setting('exp/', 'Where run directories are created.')
+    dataset_dir: str | None = setting(None, 'Dataset location (default per family, e.g. ~/.ogbench/data).', kind=str)
+    offline_steps: int = setting(0, 'Offline gradient steps.', minimum=0, phase='offline', flag_default=1000000)
+    fused_steps: int = setting(1, 'Offline updates per compiled call (1: one call per update).', minimum=1,
+                               phase='offline', flag_default=100)
+    online_steps: int = setting(1000000, 'Online environment steps.', minimum=0)
+    buffer_size: int = setting(1000000, 'Replay buffer capacity.', minimum=1,
+                               flag_default=lambda preset: preset.buffer_size)
+    log_interval: int = setting(5000, 'Steps between training-metric logs.', minimum=1)
+    eval_interval: int = setting(100000, 'Steps between evaluations (0: only at the end of each phase).', minimum=0)
+    save_interval: int = setting(-1, 'Steps between checkpoints (<= 0: none).')
+    start_training: int = setting(5000, 'Online step from which the agent is updated.', minimum=0)
+    utd_ratio: int = setting(1, 'Updates per online environment step (fused into one batch_update).', minimum=1)
+    fuse_online_updates: bool = setting(True, 'Run the online updates of the steps between two reads of the agents '
+                                        '(policy query, log, evaluation, checkpoint) as one compiled call: the same '
+                                        'updates in the same order (False: one call per step, as the reference).')
+    eval_episodes: int = setting(50, 'Evaluation episodes.', minimum=0)
+    video_episodes: int = setting(0, 'Rendered evaluation episodes.', minimum=0)
+    video_frame_skip: int = setting(3, 'Keep one rendered frame every this many steps.', minimum=1)
+    eval_envs: int = setting(10, 'Environment copies stepped in lockstep during evaluation (1: sequential).', minimum=1)
+    dataset_proportion: float = setting(1.0, 'Fraction of the offline dataset to use (its first transitions).',
+                                        above=0.0, maximum=1.0)
+    dataset_replace_interval: int = setting(1000, 'Steps between dataset shards (offline updates, and online steps '
+                                            'where batches draw offline data).', minimum=0)
+    ogbench_dataset_dir: str | None = setting(None, 'Folder of OGBench dataset shards (*.npz) to cycle through.',
+                                              kind=str)
+    sparse: bool = setting(False, 'Sparse rewards: -1 on every non-success step (scene, puzzle).')
+    frame_stack: int | None = setting(None, 'Observations stacked on the last axis (pixel runs; None: no stacking).',
+                                      kind=int, minimum=1)
+    p_aug: float | None = setting(None, 'Probability of a random-crop augmentation of image batches (None: none).',
+                                  kind=float, minimum=0.0, maximum=1.0)
+    save_all_online_states: bool = setting(False, 'Save qpos/qvel (and button states) of every online step.')
+    exp_name: str | None = setting(None, 'Run directory name under save_dir/run_group (default: a unique name).',
+                                   kind=str)
+    resume: bool = setting(False, 'Continue the run --exp_name from its latest checkpoint (fresh start if none).')
+    keep_checkpoints: int = setting(3, 'Full training checkpoints kept in <run_dir>/checkpoints.', minimum=1)
+    max_runtime: float = setting(0.0, 'Seconds after which the run checkpoints and exits cleanly (0: no limit).',
+                                 minimum=0.0)
+    compilation_cache_dir: str | None = setting(
+        None, 'Persistent XLA compilation cache, shared by runs with the same shapes (a sweep, a requeued job) so that '
+        'they load their compiled programs instead of compiling them again; safe for concurrent processes. Default: '
+        '$JAX_COMPILATION_CACHE_DIR, else ~/.cache/qc-jax/xla; "none": off.', kind=str)
+    preset: Preset = None  # The driver's preset.
+    agent: Any = None  # The agent ConfigDict; holds horizon_length and discount.
+
+    @property
+    def seed(self):
+        """The first of `seeds` (the seed of a single-seed run)."""
+        return self.seeds[0]
 
     @property
     def horizon_length(self):
-        """Action chunk length H (the agent config's, resolved from `--horizon_length`/`--agent.horizon_length`)."""
+        """Action chunk length H (the agent config's `horizon_length`)."""
         return self.agent['horizon_length']
 
     @property
     def discount(self):
-        """Discount factor (the agent config's, resolved like the horizon)."""
+        """Discount factor (the agent config's)."""
         return self.agent['discount']
 
     @property
@@ -102,134 +149,74 @@ class RunConfig:
     def num_seeds(self):
         return len(self.seeds)
 
+    @property
+    def flag_record(self):
+        """What `flags.json` records: every setting by its flag name (`seed` for one seed, `seeds` for several) and
+        the resolved agent config under `agent`."""
+        record = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.metadata and f.name != 'seeds'}
+        if self.num_seeds == 1:
+            record['seed'] = self.seed
+        else:
+            record['seeds'] = list(self.seeds)
+        record['agent'] = self.agent.to_dict()
+        return record
+
     def for_seed(self, seed):
-        """The single-seed run of `seed` (and its flags.json record), as `--seed=seed` alone would configure it."""
-        record = dict(self.flag_record, seed=seed, seeds=None) if self.flag_record else {}
-        return dataclasses.replace(self, seed=seed, seeds=(seed,), flag_record=record)
+        """The single-seed run of `seed`, as `--seed=seed` alone would configure it."""
+        return dataclasses.replace(self, seeds=(seed,))
 
     def replace(self, **changes):
-        """A validated copy with some fields changed (tests and notebooks build runs this way); a new `seed` alone
-        makes a single-seed run of it."""
-        if 'seed' in changes and 'seeds' not in changes:
-            changes['seeds'] = (changes['seed'],)
+        """A validated copy with some fields changed (tests and notebooks build runs this way)."""
         return validate(dataclasses.replace(self, **changes))
 
 
 def define_flags(preset, flag_values=flags.FLAGS):
-    """Defines the drivers' absl flags (the reference's names and defaults) in `flag_values`; `preset.offline`
-    adds the offline-phase ones."""
+    """Defines the drivers' absl flags in `flag_values`, one per `RunConfig` field (the reference's names and
+    defaults), plus the `--seed`, `--horizon_length` and `--discount` aliases and the `--agent` config file."""
     fv = dict(flag_values=flag_values)
-    flags.DEFINE_string('run_group', 'Debug', 'Run group (folder under save_dir and wandb group).', **fv)
-    flags.DEFINE_integer('seed', 0, 'Random seed.', **fv)
-    flags.DEFINE_list(
-        'seeds', None, 'Several seeds trained in this process as one vmapped program, e.g. 0,1,2,3; each seed gets '
-        'its own run directory, as if run alone with --seed (refused with a different --seed).', **fv
-    )  # fmt: skip
-    flags.DEFINE_integer(
-        'seed_chunk', 0, 'With --seeds: seeds vmapped together, the others loop inside the same compiled call '
-        '(0: all seeds on a GPU/TPU, 1 on a CPU).', **fv
-    )  # fmt: skip
-    flags.DEFINE_string('env_name', 'cube-triple-play-singletask-task2-v0', 'Environment (and dataset) name.', **fv)
-    flags.DEFINE_string('save_dir', 'exp/', 'Where run directories are created.', **fv)
-    flags.DEFINE_string('dataset_dir', None, 'Dataset location (default per family, e.g. ~/.ogbench/data).', **fv)
-    if preset.offline:
-        flags.DEFINE_integer('offline_steps', 1000000, 'Offline gradient steps.', **fv)
-        flags.DEFINE_integer('fused_steps', 100, 'Offline updates per compiled call (1: one call per update).', **fv)
-    flags.DEFINE_integer('online_steps', 1000000, 'Online environment steps.', **fv)
-    flags.DEFINE_integer('buffer_size', preset.buffer_size, 'Replay buffer capacity.', **fv)
-    flags.DEFINE_integer('log_interval', 5000, 'Steps between training-metric logs.', **fv)
-    flags.DEFINE_integer('eval_interval', 100000, 'Steps between evaluations (0: only at the end of each phase).', **fv)
-    flags.DEFINE_integer('save_interval', -1, 'Steps between checkpoints (<= 0: none).', **fv)
-    flags.DEFINE_integer('start_training', 5000, 'Online step from which the agent is updated.', **fv)
-    flags.DEFINE_integer('utd_ratio', 1, 'Updates per online environment step (fused into one batch_update).', **fv)
-    flags.DEFINE_float('discount', 0.99, 'Discount factor (also sets the agent config).', **fv)
-    flags.DEFINE_integer('eval_episodes', 50, 'Evaluation episodes.', **fv)
-    flags.DEFINE_integer('video_episodes', 0, 'Rendered evaluation episodes.', **fv)
-    flags.DEFINE_integer('video_frame_skip', 3, 'Keep one rendered frame every this many steps.', **fv)
-    flags.DEFINE_integer(
-        'eval_envs', 10, 'Environment copies stepped in lockstep during evaluation (1: sequential).', **fv
-    )
-    flags.DEFINE_float(
-        'dataset_proportion', 1.0, 'Fraction of the offline dataset to use (its first transitions).', **fv
-    )
-    flags.DEFINE_integer(
-        'dataset_replace_interval', 1000, 'Steps between dataset shards (offline updates, and online steps where '
-        'batches draw offline data).', **fv
-    )  # fmt: skip
-    flags.DEFINE_string('ogbench_dataset_dir', None, 'Folder of OGBench dataset shards (*.npz) to cycle through.', **fv)
-    flags.DEFINE_integer('horizon_length', 5, 'Action chunk length H (also sets the agent config).', **fv)
-    flags.DEFINE_bool('sparse', False, 'Sparse rewards: -1 on every non-success step (scene, puzzle).', **fv)
-    flags.DEFINE_integer(
-        'frame_stack', None, 'Observations stacked on the last axis (pixel runs; None: no stacking).', **fv
-    )
-    flags.DEFINE_float('p_aug', None, 'Probability of a random-crop augmentation of image batches (None: none).', **fv)
-    flags.DEFINE_bool('save_all_online_states', False, 'Save qpos/qvel (and button states) of every online step.', **fv)
-    flags.DEFINE_string('exp_name', None, 'Run directory name under save_dir/run_group (default: a unique name).', **fv)
-    flags.DEFINE_bool(
-        'resume', False, 'Continue the run --exp_name from its latest checkpoint (fresh start if none).', **fv
-    )
-    flags.DEFINE_integer('keep_checkpoints', 3, 'Full training checkpoints kept in <run_dir>/checkpoints.', **fv)
-    flags.DEFINE_float(
-        'max_runtime', 0, 'Seconds after which the run checkpoints and exits cleanly (0: no limit).', **fv
-    )
+    definers = {int: flags.DEFINE_integer, float: flags.DEFINE_float, str: flags.DEFINE_string,
+                bool: flags.DEFINE_bool, list: flags.DEFINE_list}  # fmt: skip
+    for field in dataclasses.fields(RunConfig):
+        meta = field.metadata
+        if not meta or (meta['phase'] == 'offline' and not preset.offline):
+            continue
+        default = meta['flag_default'](preset) if callable(meta['flag_default']) else meta['flag_default']
+        if meta['kind'] is list:
+            default = None  # `--seeds` unset: the seed of `--seed`.
+        definers[meta['kind']](field.name, default, meta['help'], **fv)
+    flags.DEFINE_integer('seed', 0, 'Random seed (the same as --seeds=SEED).', **fv)
+    for name, default in AGENT_ALIASES.items():
+        define = flags.DEFINE_integer if isinstance(default, int) else flags.DEFINE_float
+        define(name, None, f'Alias of --agent.{name} (default {default}).', **fv)
+    for old, new in RENAMED_FLAGS.items():
+        flags.DEFINE_string(old, None, f'Renamed: use --{new}.', **fv)
     config_flags.DEFINE_config_file('agent', preset.agent_file, lock_config=False, **fv)
 
 
-# Flags of `define_flags` that only the offline preset defines, with the value an online-only run implies.
-_OFFLINE_ONLY = dict(offline_steps=0, fused_steps=1)
-
-_INT_MINIMUMS = dict(
-    online_steps=0, buffer_size=1, log_interval=1, eval_interval=0, start_training=0, utd_ratio=1, eval_episodes=0,
-    video_episodes=0, video_frame_skip=1, offline_steps=0, dataset_replace_interval=0, fused_steps=1, eval_envs=1,
-    keep_checkpoints=1, seed_chunk=0,
-)  # fmt: skip
+def _present(flag_values, name):
+    """Whether `--name` was given on the command line (ml_collections registers `agent.*` overrides when given)."""
+    return name in flag_values and bool(flag_values[name].present)
 
 
-def _given_on_command_line(name, argv):
-    return any(arg == f'--{name}' or arg.startswith(f'--{name}=') for arg in argv)
-
-
-def resolve_agent_config(config, horizon_length, discount, argv):
-    """A copy of the agent config with `horizon_length` and `discount` taken from the driver flags.
-
-    `--agent.horizon_length` / `--agent.discount` win when the driver flag is not given on the command line, and
-    are refused when both are given with different values.
-    """
-    config = config.copy_and_resolve_references()
-    for name, flag_value in (('horizon_length', horizon_length), ('discount', discount)):
-        if _given_on_command_line(f'agent.{name}', argv):
-            if _given_on_command_line(name, argv) and config[name] != flag_value:
-                raise UsageError(
-                    f'--{name}={flag_value} and --agent.{name}={config[name]} disagree; give only --{name}'
-                )
-            continue
-        config[name] = flag_value
+def resolve_agent_config(flag_values):
+    """A copy of the agent config with the `--horizon_length`/`--discount` aliases applied: an alias sets the key;
+    the two spellings with different values are refused; neither gives the driver's default."""
+    config = flag_values.agent.copy_and_resolve_references()
+    for name, default in AGENT_ALIASES.items():
+        alias = flag_values[name].value
+        if _present(flag_values, f'agent.{name}'):
+            if alias is not None and config[name] != alias:
+                raise UsageError(f'--{name}={alias} and --agent.{name}={config[name]} disagree; give only --{name}')
+        elif alias is not None:
+            config[name] = alias
+        elif config.get(name) is None:
+            config[name] = default
     return config
 
 
-def from_flags(flag_values, argv, preset):
-    """The validated `RunConfig` of parsed absl flags; `argv` is the command line (to see which flags were given)."""
-    derived = ('seeds', 'preset', 'agent', 'flag_record')
-    names = [f.name for f in dataclasses.fields(RunConfig) if f.name not in derived]
-    values = {}
-    for name in names:
-        if name in flag_values:
-            values[name] = flag_values[name].value
-        elif name in _OFFLINE_ONLY:
-            values[name] = _OFFLINE_ONLY[name]
-        else:
-            raise KeyError(f'flag --{name} is not defined; call define_flags first')
-    seeds = resolve_seeds(flag_values.seed, flag_values.seeds, argv)
-    values['seed'] = seeds[0]
-    agent = resolve_agent_config(flag_values.agent, flag_values.horizon_length, flag_values.discount, argv)
-    record = get_flag_dict(flag_values)
-    record['agent'] = agent.to_dict()
-    return validate(RunConfig(**values, seeds=seeds, preset=preset, agent=agent, flag_record=record))
-
-
-def resolve_seeds(seed, seeds, argv):
-    """The run's seeds: `--seeds` when given (refused with a `--seed` on the command line that differs from
-    it), else `(seed,)`."""
+def resolve_seeds(flag_values):
+    """The run's seeds: `--seeds` when given (refused with a `--seed` that differs from it), else `(--seed,)`."""
+    seed, seeds = flag_values.seed, flag_values.seeds
     if not seeds:
         return (seed,)
     try:
@@ -237,32 +224,49 @@ def resolve_seeds(seed, seeds, argv):
     except ValueError as e:
         given = ','.join(seeds)
         raise UsageError(f'--seeds must be comma-separated integers, e.g. --seeds=0,1,2,3; got {given}') from e
-    if _given_on_command_line('seed', argv) and resolved != (seed,):
+    if _present(flag_values, 'seed') and resolved != (seed,):
         raise UsageError(f'--seed={seed} and --seeds={",".join(seeds)} disagree; give only --seeds')
     return resolved
 
 
+def from_flags(flag_values, preset):
+    """The validated `RunConfig` of absl flags parsed from `define_flags(preset)`."""
+    for old, new in RENAMED_FLAGS.items():
+        if _present(flag_values, old):
+            raise UsageError(f'--{old} was renamed: use --{new}={flag_values[old].value}')
+    values = {}
+    for field in dataclasses.fields(RunConfig):
+        if field.metadata and field.name in flag_values and field.name != 'seeds':
+            values[field.name] = flag_values[field.name].value
+    values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
+    agent = resolve_agent_config(flag_values)
+    return validate(RunConfig(**values, seeds=resolve_seeds(flag_values), preset=preset, agent=agent))
+
+
+def _check_bounds(name, value, meta):
+    if value is None or meta['kind'] not in (int, float):
+        return
+    low, high, above = meta['minimum'], meta['maximum'], meta['above']
+    if above is not None and high is not None and not above < value <= high:
+        raise UsageError(f'--{name} must be in ({above}, {high}], got {value}')
+    if low is not None and high is not None and not low <= value <= high:
+        raise UsageError(f'--{name} must be in [{low}, {high}] (or unset), got {value}')
+    if low is not None and value < low:
+        raise UsageError(f'--{name} must be >= {low}, got {value}')
+
+
 def validate(run):
     """Returns `run` when every setting is usable; raises `UsageError` with one actionable line otherwise."""
-    for name, minimum in _INT_MINIMUMS.items():
-        value = getattr(run, name)
-        if value is None or value < minimum:
-            raise UsageError(f'--{name} must be >= {minimum}, got {value}')
-    if len(set(run.seeds)) != len(run.seeds) or min(run.seeds) < 0:
+    for field in dataclasses.fields(run):
+        if field.metadata:
+            _check_bounds(field.name, getattr(run, field.name), field.metadata)
+    if not run.seeds or len(set(run.seeds)) != len(run.seeds) or min(run.seeds) < 0:
         raise UsageError(f'--seeds must be distinct non-negative integers, got {",".join(map(str, run.seeds))}')
     if run.num_seeds > 1 and run.ogbench_dataset_dir is not None:
         raise UsageError('--seeds with --ogbench_dataset_dir is not supported; run one process per seed (--seed)')
     horizon = run.horizon_length
     if horizon is None or horizon < 1:
         raise UsageError(f'--horizon_length must be >= 1, got {horizon}')
-    if not 0.0 < run.dataset_proportion <= 1.0:
-        raise UsageError(f'--dataset_proportion must be in (0, 1], got {run.dataset_proportion}')
-    if run.max_runtime < 0:
-        raise UsageError(f'--max_runtime must be >= 0, got {run.max_runtime}')
-    if run.frame_stack is not None and run.frame_stack < 1:
-        raise UsageError(f'--frame_stack must be >= 1 (or unset), got {run.frame_stack}')
-    if run.p_aug is not None and not 0.0 <= run.p_aug <= 1.0:
-        raise UsageError(f'--p_aug must be in [0, 1] (or unset), got {run.p_aug}')
     if run.resume and not run.exp_name:
         raise UsageError('--resume needs --exp_name, the name of the run directory to continue')
     for name in ('dataset_dir', 'ogbench_dataset_dir'):

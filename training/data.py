@@ -14,6 +14,9 @@ from utils import seeding
 from utils.datasets import Dataset, PrefixReplayBuffer, ReplayBuffer
 
 TRANSITION_KEYS = ('observations', 'actions', 'rewards', 'terminals', 'masks', 'next_observations')
+# The fields of a chunk batch the agents' losses read: `sample_sequence` leaves out `full_observations` and
+# `terminals`, which would add an (B, H, obs) array to every batch (docs/DEVIATIONS.md).
+LOSS_FIELDS = ('observations', 'actions', 'next_observations', 'rewards', 'masks', 'valid')
 
 
 def sparsify_rewards(rewards):
@@ -38,6 +41,11 @@ def process_dataset(dataset, dataset_proportion=1.0, sparse=False, compact=True,
     if sparse:
         dataset = dataset.copy(add_or_replace=dict(rewards=sparsify_rewards(dataset['rewards']).astype(np.float32)))
     return dataset
+
+
+def process_run_dataset(run, dataset):
+    """`process_dataset` with the settings of `run` (proportion, sparse rewards, frame stacking, augmentation)."""
+    return process_dataset(dataset, run.dataset_proportion, run.sparse, frame_stack=run.frame_stack, p_aug=run.p_aug)
 
 
 def replay_capacity(run, dataset):
@@ -97,7 +105,9 @@ class ChunkSampler:
         """A batch for `num_updates` updates: leaves (num_updates, batch_size, ...)."""
         parts = [
             stack_utd(
-                source.sample_sequence(num_updates * count, self.horizon_length, self.discount), num_updates, count
+                source.sample_sequence(num_updates * count, self.horizon_length, self.discount, fields=LOSS_FIELDS),
+                num_updates,
+                count,
             )
             for _, source, count in self.sources
         ]
@@ -111,6 +121,14 @@ class ChunkSampler:
             return self.sample(1)
         blocks = [self.sample(1) for _ in range(num_updates)]
         return {k: np.concatenate([b[k] for b in blocks]) for k in blocks[0]}
+
+
+def join_steps(steps):
+    """One batch per seed for the updates of several steps: `steps[t][i]` is seed i's (U, B, ...) batch of step t;
+    returns seed i's batches joined in step order, (T * U, B, ...)."""
+    if len(steps) == 1:
+        return steps[0]
+    return [{k: np.concatenate([step[i][k] for step in steps]) for k in steps[0][i]} for i in range(len(steps[0]))]
 
 
 def source_counts(batch_size, data_fraction):

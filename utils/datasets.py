@@ -60,6 +60,12 @@ def compact_next_observations(observations, next_observations):
     return store, next_index
 
 
+# The batch fields of `Dataset.sample_sequence`, in the reference's integration guide.
+SEQUENCE_FIELDS = (
+    'observations', 'full_observations', 'actions', 'next_observations', 'rewards', 'masks', 'terminals', 'valid',
+)
+
+
 class Dataset(Mapping):
     """An immutable mapping from field names to NumPy arrays of equal length, with its own random generator.
 
@@ -223,18 +229,8 @@ class Dataset(Mapping):
             cropped = random_crop([batch[k] for k in keys], self.rng)
             batch.update(zip(keys, cropped))
 
-    def sample(self, batch_size):
-        """Samples `batch_size` single transitions, uniformly over the stored ones."""
-        logical = self.rng.integers(0, self.size, size=batch_size)
-        batch = self.get_subset(self._physical(logical))
-        if self.frame_stack is not None:
-            batch['observations'], batch['next_observations'] = self._stacked_observations(logical)
-        if batch['observations'].ndim >= 4:
-            self._augment(batch, ['observations', 'next_observations'])
-        return batch
-
     def example(self):
-        """The oldest stored transition without a batch axis, shaped like one row of `sample` (frame-stacked when
+        """The oldest stored transition without a batch axis, shaped like one transition of a batch (frame-stacked when
         `frame_stack` is set; no augmentation, no random draw), e.g. for `Agent.create(seed, ex['observations'],
         ex['actions'], config)`."""
         logical = np.zeros(1, dtype=np.int64)
@@ -243,21 +239,24 @@ class Dataset(Mapping):
             batch['observations'], batch['next_observations'] = self._stacked_observations(logical)
         return {k: v[0] for k, v in batch.items()}
 
-    def sample_sequence(self, batch_size, sequence_length, discount):
+    def sample_sequence(self, batch_size, sequence_length, discount, fields=None):
         """Samples chunks of `sequence_length` consecutive transitions (start uniform over valid starts).
 
-        Returns a dict (H = sequence_length), the fields the agents' losses read:
+        Returns a dict (H = sequence_length) with the batch fields of the reference's integration guide:
             observations (B, ...): observation at the chunk start (frame-stacked when `frame_stack` is set).
+            full_observations (B, H, obs) for states, (B, h, w, H, c) for images: observation at every step.
             actions (B, H, A): action at every step.
             next_observations (B, H, obs) for states, (B, h, w, H, c) for images: observation after every step
                 (frame-stacked like `observations`: obs and c grow by the factor `frame_stack`).
             rewards (B, H): discounted partial returns, rewards[:, i] = sum_{j<=i} discount^j r_j.
             masks (B, H): running minimum of the per-step masks (0 once the episode terminated).
-            valid (B, H): 1 at step 0 and 1 - (episode ended at a step before i) after, so steps past an episode
-                end are invalid.
+            terminals (B, H): running maximum of the per-step episode ends (1 from the step the episode ended on).
+            valid (B, H): 1 at step 0 and 1 - terminals[:, i - 1] after, so steps past an episode end are invalid.
+        `fields` (a collection of these names) returns only those; the trainer asks for what its losses read.
         """
         if self.size < sequence_length:
             raise ValueError(f'Cannot sample chunks of {sequence_length} steps from {self.size} transitions.')
+        fields = SEQUENCE_FIELDS if fields is None else tuple(fields)
         starts = self.rng.integers(0, self.size - sequence_length + 1, size=batch_size)
         logical = starts[:, None] + np.arange(sequence_length)  # (B, H)
         phys = self._physical(logical)
@@ -269,13 +268,19 @@ class Dataset(Mapping):
         valid = np.concatenate([np.ones((batch_size, 1), np.float32), 1.0 - ended[:, :-1]], axis=1)
 
         obs = self._dict['observations']
+        want_full = 'full_observations' in fields
+        full = None
         if self.frame_stack is None:
             observations = obs[phys[:, 0]]
+            if want_full:
+                full = obs[phys]  # (B, H, ...)
             next_observations = self._next_observations(phys)  # (B, H, ...)
         else:
-            # Only the chunk start's stack is needed, but every step's next stack.
+            # The chunk start's stack, every step's next stack, and every step's stack when asked for.
             frames = [self._physical(f) for f in self._frame_indices(logical)]  # frame_stack x (B, H)
             observations = np.concatenate([obs[f[:, 0]] for f in frames], axis=-1)
+            if want_full:
+                full = np.concatenate([obs[f] for f in frames], axis=-1)  # (B, H, ...)
             next_observations = self._stacked_next(frames)  # (B, H, ...)
         batch = dict(
             observations=observations,
@@ -283,12 +288,18 @@ class Dataset(Mapping):
             next_observations=next_observations,
             rewards=rewards.astype(np.float32),
             masks=masks,
+            terminals=ended,
             valid=valid,
         )
+        if full is not None:
+            batch['full_observations'] = full
+        batch = {k: batch[k] for k in fields}
         if next_observations.ndim >= 5:
             # Images: (B, H, h, w, c) -> (B, h, w, H, c), the layout the encoders expect per step.
-            batch['next_observations'] = np.moveaxis(next_observations, 1, -2)
-            self._augment(batch, ['observations', 'next_observations'])
+            stepped = [k for k in ('next_observations', 'full_observations') if k in batch]
+            for key in stepped:
+                batch[key] = np.moveaxis(batch[key], 1, -2)
+            self._augment(batch, [k for k in ('observations', *stepped) if k in batch])
         return batch
 
 

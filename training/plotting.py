@@ -6,42 +6,17 @@ Reads only files the loggers wrote (`eval.csv`, `flags.json`), so it works on fi
 """
 
 import argparse
-import csv
 import json
-import math
 import os
 import sys
 from collections import OrderedDict
 
 import numpy as np
 
-
-def read_csv(path):
-    """Columns of a CSV log as float arrays (empty or non-numeric cells become NaN)."""
-    with open(path, newline='') as f:
-        rows = list(csv.DictReader(f))
-    columns = OrderedDict()
-    for row in rows:
-        for key in row:
-            columns.setdefault(key, [])
-    for key in columns:
-        for row in rows:
-            try:
-                columns[key].append(float(row.get(key) or 'nan'))
-            except ValueError:
-                columns[key].append(math.nan)
-    return {k: np.asarray(v, dtype=np.float64) for k, v in columns.items()}
+from training import run_files
 
 
-def metric_column(columns, metric):
-    """The column of `metric` under any of the names the loggers and the reference use, or None."""
-    for candidate in (metric, f'eval/{metric}', f'episode.{metric}', f'eval/episode.{metric}'):
-        if candidate in columns:
-            return columns[candidate]
-    return None
-
-
-def find_run_dirs(paths, csv_name='eval.csv'):
+def find_run_dirs(paths, csv_name=run_files.csv_path('', run_files.EVAL_LOG)):
     """Run directories among `paths`: a path holding `csv_name` is a run; other directories are searched below."""
     runs = []
     for path in paths:
@@ -75,10 +50,8 @@ def _group_of(run_dir, group_by):
     run_dir = os.path.abspath(run_dir)
     parent = os.path.dirname(run_dir)
     label = os.path.join(os.path.basename(os.path.dirname(parent)), os.path.basename(parent))
-    flags_path = os.path.join(run_dir, 'flags.json')
-    if group_by in ('flags', 'auto') and os.path.isfile(flags_path):
-        with open(flags_path) as f:
-            flag_dict = json.load(f)
+    flag_dict = run_files.read_flags(run_dir) if group_by in ('flags', 'auto') else {}
+    if flag_dict:
         kept = {k: v for k, v in _flatten(flag_dict).items() if _is_group_flag(k)}
         label = _method_name(kept)
         return json.dumps(kept, sort_keys=True, default=str), label, kept
@@ -112,13 +85,11 @@ def aggregate_curves(run_dirs, metric, group_by='auto'):
     """
     groups = OrderedDict()
     for run_dir in run_dirs:
-        columns = read_csv(os.path.join(run_dir, 'eval.csv'))
-        values = metric_column(columns, metric)
-        if values is None or 'step' not in columns:
+        steps, values = run_files.eval_curve(run_dir, metric)
+        if not len(steps):
             continue
         key, label, kept = _group_of(run_dir, group_by)
-        steps = columns['step']
-        keep = ~np.isnan(values) & ~np.isnan(steps)
+        keep = ~np.isnan(steps)
         groups.setdefault(key, (label, [], kept))[1].append(dict(zip(steps[keep].tolist(), values[keep].tolist())))
     labels = _distinguishing_labels(list(groups.values()))
     curves = []

@@ -1,0 +1,132 @@
+"""The online phase at the device's speed: fused chunk updates equal one update call per step, and a steady online
+step waits on the device only for the actions of a policy query, with one compiled call per chunk."""
+
+import logging
+import re
+
+import jax
+import numpy as np
+import pytest
+from helpers import parse_run, read_csv
+
+import main
+import main_online
+from agents import agents
+from training import Trainer, run_files
+from training.seeds import SeedGroup
+
+TOL = dict(rtol=1e-5, atol=1e-6)
+TINY = [
+    '--env_name=cube-single-play-singletask-task2-v0', '--agent.actor_hidden_dims=(16,16)',
+    '--agent.value_hidden_dims=(16,16)', '--agent.batch_size=8', '--eval_episodes=1',
+    '--eval_envs=1', '--horizon_length=3', '--buffer_size=200',
+]  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def no_wandb(monkeypatch):
+    monkeypatch.setenv('WANDB_MODE', 'disabled')
+
+
+def counting(monkeypatch, name):
+    """Counts the calls of `SeedGroup.<name>` (returns the list of call counts so far)."""
+    calls = []
+    real = getattr(SeedGroup, name)
+
+    def counted(self, *args, **kwargs):
+        calls.append(1)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(SeedGroup, name, counted)
+    return calls
+
+
+@pytest.mark.parametrize(
+    'preset, extra',
+    [
+        (main.PRESET, ['--offline_steps=2', '--start_training=1', '--agent.actor_num_samples=2',
+                       '--agent.flow_steps=2']),
+        (main_online.PRESET, ['--start_training=4', '--utd_ratio=2', '--agent.num_qs=2']),
+    ],
+    ids=['main', 'main_online'],
+)
+def test_fused_online_updates_equal_one_update_call_per_step(cube_dir, tmp_path, monkeypatch, preset, extra):
+    base = [*TINY, *extra, f'--dataset_dir={cube_dir}', f'--save_dir={tmp_path}', '--online_steps=14',
+            '--log_interval=7', '--eval_interval=0']  # fmt: skip
+    results = {}
+    for fused in (False, True):
+        calls = counting(monkeypatch, 'batch_update')
+        argv = [*base, f'--exp_name=fused{fused}', f'--fuse_online_updates={fused}']
+        trainer = Trainer(parse_run(preset, argv), agents)
+        trainer.train()
+        run_dir = trainer.lanes[0].run_dir
+        rows = read_csv(run_files.csv_path(run_dir, run_files.agent_log('online')))
+        results[fused] = (len(calls), rows, trainer.agents.agent(0).network.params)
+        monkeypatch.undo()
+        monkeypatch.setenv('WANDB_MODE', 'disabled')
+    (per_step_calls, per_step_rows, per_step_params), (fused_calls, fused_rows, fused_params) = results.values()
+    assert fused_calls < per_step_calls  # the schedules differ...
+    assert [r['step'] for r in fused_rows] == [r['step'] for r in per_step_rows] and len(fused_rows) == 2
+    for a, b in zip(fused_rows, per_step_rows, strict=True):  # ...and train the same agent
+        for key in a:
+            if key != 'time/total':
+                np.testing.assert_allclose(float(a[key]), float(b[key]), **TOL, err_msg=key)
+    jax.tree_util.tree_map(lambda x, y: np.testing.assert_allclose(x, y, **TOL), fused_params, per_step_params)
+
+
+class CompiledNames(logging.Handler):
+    """Collects the names of the programs JAX compiles while `jax.log_compiles` is on (every eager op is one)."""
+
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def emit(self, record):
+        found = re.match(r'Compiling jit\((.+?)\)', record.getMessage())
+        if found:
+            self.names.append(found.group(1))
+
+
+def test_steady_online_steps_wait_only_for_actions_and_update_once_per_chunk(cube_dir, tmp_path, monkeypatch):
+    argv = [*TINY, '--agent.actor_num_samples=2', '--agent.flow_steps=2', f'--dataset_dir={cube_dir}',
+            f'--save_dir={tmp_path}',
+            '--offline_steps=0', '--online_steps=30', '--start_training=1', '--log_interval=1000', '--eval_interval=0',
+            '--eval_episodes=0', '--exp_name=steady']  # fmt: skip
+    trainer = Trainer(parse_run(main.PRESET, argv), agents)
+    samples, updates = counting(monkeypatch, 'sample_chunks'), counting(monkeypatch, 'batch_update')
+    compiled = CompiledNames()
+    logging.getLogger('jax').addHandler(compiled)
+    jax.clear_caches()  # so that every program the loop runs, an eager op too, is compiled (and named) again
+    try:
+        # Every device-to-host transfer other than the actions of a policy query (allowed there) raises.
+        with jax.transfer_guard_device_to_host('disallow'), jax.log_compiles(True):
+            trainer.train()
+    finally:
+        logging.getLogger('jax').removeHandler(compiled)
+    assert trainer.log_step == 30
+    # No episode ends in 30 steps: a chunk every 3 steps, and the updates of its 3 steps in one call.
+    assert len(samples) == 10 and len(updates) == 10
+    # The loop runs the two compiled calls and no eager JAX op (keys, stacking and bookkeeping are NumPy).
+    assert set(compiled.names) == {'batch_update', '_sample_chunk'}, compiled.names
+
+
+def test_seeds_environments_on_threads_give_the_serial_results(cube_dir, tmp_path):
+    base = [*TINY, '--agent.actor_num_samples=2', '--agent.flow_steps=2', f'--dataset_dir={cube_dir}',
+            f'--save_dir={tmp_path}', '--seeds=0,1', '--offline_steps=0', '--online_steps=8', '--start_training=1',
+            '--log_interval=4', '--eval_interval=0', '--eval_envs=2', '--eval_episodes=2']  # fmt: skip
+    runs = {}
+    for threads in (1, 2):  # one after another; one thread per seed
+        trainer = Trainer(parse_run(main.PRESET, [*base, f'--exp_name=threads{threads}', f'--env_threads={threads}']),
+                          agents)  # fmt: skip
+        trainer.train()
+        runs[threads] = trainer
+    serial, threaded = runs[1], runs[2]
+    for a, b in zip(serial.lanes, threaded.lanes, strict=True):
+        np.testing.assert_array_equal(a.replay.online['observations'], b.replay.online['observations'])
+        np.testing.assert_array_equal(a.replay.online['actions'], b.replay.online['actions'])
+        for log in (run_files.EVAL_LOG, run_files.agent_log('online')):
+            rows_a, rows_b = (read_csv(run_files.csv_path(lane.run_dir, log)) for lane in (a, b))
+            assert len(rows_a) == len(rows_b) > 0
+            for ra, rb in zip(rows_a, rows_b, strict=True):
+                assert {k: v for k, v in ra.items() if 'time' not in k and 'duration' not in k} == {
+                    k: v for k, v in rb.items() if 'time' not in k and 'duration' not in k}

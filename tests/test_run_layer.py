@@ -1,0 +1,199 @@
+"""The run layer: a restart leaves the logs of one uninterrupted run, a lane round-trips through its state dict,
+checkpoint formats, the documented `sample_sequence` batch, the run-directory contract, the run settings."""
+
+import ast
+import dataclasses
+import os
+
+import numpy as np
+import pytest
+from absl import flags
+from helpers import ROOT, parse_run, read_csv, tagged_dataset
+
+import main
+from agents import agents
+from training import StopTraining, Trainer, checkpointing, run_files
+from training.config import AGENT_ALIASES, RunConfig, define_flags
+from training.data import LOSS_FIELDS
+from utils.checkpoints import CheckpointError, CheckpointManager, read_checkpoint_file
+from utils.datasets import SEQUENCE_FIELDS
+from utils.errors import UsageError
+
+TIME_COLUMNS = ('time/total', 'episode.duration')  # wall-clock values
+RUN = [
+    '--env_name=cube-single-play-singletask-task2-v0', '--agent.actor_hidden_dims=(16,16)',
+    '--agent.value_hidden_dims=(16,16)', '--agent.batch_size=8', '--agent.flow_steps=2',
+    '--agent.actor_num_samples=2', '--eval_episodes=1', '--eval_envs=1', '--horizon_length=2', '--fused_steps=2',
+    '--offline_steps=4', '--online_steps=4', '--log_interval=2', '--eval_interval=4', '--buffer_size=100',
+    '--start_training=2',
+]  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def no_wandb(monkeypatch):
+    monkeypatch.setenv('WANDB_MODE', 'disabled')
+
+
+def trainer_for(cube_dir, save_dir, *extra):
+    argv = [*RUN, f'--dataset_dir={cube_dir}', f'--save_dir={save_dir}', *extra]
+    return Trainer(parse_run(main.PRESET, argv), agents)
+
+
+def log_rows(run_dir):
+    """{log: its rows without wall-clock columns} of every CSV log a run writes ([] when absent)."""
+    rows = {}
+    for log in run_files.LOGS:
+        path = run_files.csv_path(run_dir, log)
+        found = read_csv(path) if os.path.exists(path) else []
+        rows[log] = [{k: v for k, v in row.items() if k not in TIME_COLUMNS} for row in found]
+    return rows
+
+
+@pytest.mark.parametrize('seeds', [(0,), (0, 1)], ids=['one seed', 'two seeds'])
+def test_a_restart_without_checkpoint_leaves_the_logs_of_one_uninterrupted_run(cube_dir, tmp_path, seeds):
+    seed_flag = f'--seeds={",".join(map(str, seeds))}'
+    suffixes = [''] if len(seeds) == 1 else [f'_sd{s}' for s in seeds]
+    trainer_for(cube_dir, tmp_path, seed_flag, '--exp_name=whole').train()
+    whole = [log_rows(tmp_path / 'Debug' / f'whole{s}') for s in suffixes]
+    assert whole[0]['offline_agent'] and whole[0]['online_agent'] and whole[0]['eval']
+    # A run killed before its first checkpoint leaves rows behind (here: a whole run's, and an `env` row).
+    trainer_for(cube_dir, tmp_path, seed_flag, '--exp_name=cut').train()
+    for s in suffixes:
+        path = run_files.csv_path(tmp_path / 'Debug' / f'cut{s}', run_files.ENV_LOG)
+        assert not os.path.exists(path)  # no episode ends in 4 online steps
+        with open(path, 'w') as f:
+            f.write('step,episode.return\n3,1.0\n')
+    for again in (['--resume'], []):  # `--resume` finds no checkpoint; a plain restart reuses the directory
+        trainer_for(cube_dir, tmp_path, seed_flag, '--exp_name=cut', *again).train()
+        for s, expected in zip(suffixes, whole, strict=True):
+            run_dir = tmp_path / 'Debug' / f'cut{s}'
+            assert log_rows(run_dir) == expected, (again, s)
+            assert run_files.read_finished(run_dir)['step'] == 8
+
+
+def _assert_same(a, b, where='state'):
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and sorted(a) == sorted(b), where
+        for k in a:
+            _assert_same(a[k], b[k], f'{where}.{k}')
+    elif isinstance(a, list | tuple):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _assert_same(x, y, f'{where}[{i}]')
+    elif isinstance(a, np.ndarray | np.generic):
+        np.testing.assert_array_equal(a, b, err_msg=where)
+    else:
+        assert a == b, where
+
+
+def test_a_lane_round_trips_through_its_state_dict(cube_dir, tmp_path):
+    done = trainer_for(cube_dir, tmp_path, '--exp_name=done', '--save_all_online_states=True')
+    done.train()
+    lane = done.lanes[0]
+    state = lane.state_dict()
+    assert state['online'] is not None and len(state['online']['states']['steps']) == 4
+    fresh = trainer_for(cube_dir, tmp_path, '--exp_name=fresh', '--save_all_online_states=True')
+    twin = fresh.lanes[0]
+    assert twin.replay is None  # the offline phase has not started the online one
+    twin.load_state_dict(state)
+    _assert_same(twin.state_dict(), state)
+    # From here on both lanes draw the same batches, random actions, chunk keys and evaluation starts.
+    _assert_same(twin.sampler.sample(2), lane.sampler.sample(2))
+    np.testing.assert_array_equal(twin.actor.random_action(), lane.actor.random_action())
+    assert twin.actor.chunks == lane.actor.chunks > 0 and twin.actor.key_seed == lane.actor.key_seed
+    assert twin.eval_rng.integers(1 << 30) == lane.eval_rng.integers(1 << 30)
+    assert twin.replay.size == lane.replay.size == lane.dataset.size + 4
+    fresh.finish(quiet=True)
+
+
+def _cut_at_step_2(cube_dir, save_dir, name):
+    cut = trainer_for(cube_dir, save_dir, f'--exp_name={name}', '--online_steps=0')
+    cut.stop.should_stop = lambda: cut.log_step >= 2
+    with pytest.raises(StopTraining):
+        cut.train()
+    manager = CheckpointManager(os.path.join(save_dir, 'Debug', name, run_files.CHECKPOINT_DIR))
+    return manager, read_checkpoint_file(manager.path(2))['state']
+
+
+def test_checkpoints_of_the_earlier_layout_resume_and_newer_ones_are_refused(cube_dir, tmp_path, capsys):
+    manager, state = _cut_at_step_2(cube_dir, tmp_path, 'old')
+    assert state['format'] == checkpointing.CHECKPOINT_FORMAT and state['phase'] == 'offline'
+    del state['format']  # as the trainer wrote them before the format was versioned
+    manager.save(state, 2)
+    resumed = trainer_for(cube_dir, tmp_path, '--exp_name=old', '--online_steps=0', '--resume')
+    resumed.train()
+    assert 'Resuming old at step 2 (offline phase).' in capsys.readouterr().out
+    rows = read_csv(run_files.csv_path(tmp_path / 'Debug' / 'old', run_files.agent_log('offline')))
+    assert [r['step'] for r in rows] == ['2', '4'] and resumed.log_step == 4
+
+    manager, state = _cut_at_step_2(cube_dir, tmp_path, 'new')
+    manager.save(dict(state, format=checkpointing.CHECKPOINT_FORMAT + 1), 2)
+    with pytest.raises(CheckpointError, match='newer than this code reads'):
+        trainer_for(cube_dir, tmp_path, '--exp_name=new', '--online_steps=0', '--resume')
+
+
+def test_sample_sequence_returns_the_documented_batch():
+    lengths, size, horizon = (7, 5, 9), 16, 4
+    data = tagged_dataset(lengths, seed=3)
+    twin = tagged_dataset(lengths, seed=3)
+    batch = data.sample_sequence(size, horizon, 0.5)
+    assert tuple(batch) == SEQUENCE_FIELDS
+    shapes = dict(observations=(size, 3), full_observations=(size, horizon, 3), actions=(size, horizon, 2),
+                  next_observations=(size, horizon, 3))  # fmt: skip
+    for key in SEQUENCE_FIELDS:
+        assert batch[key].shape == shapes.get(key, (size, horizon)), key
+    valid = batch['valid'].astype(bool)
+    # Every step's observation, the chunk start first; each next observation is the following step's observation.
+    np.testing.assert_array_equal(batch['full_observations'][:, 0], batch['observations'])
+    steps = batch['full_observations'][..., 0]  # (B, H) global indices
+    np.testing.assert_array_equal(np.where(valid, steps, 0), np.where(valid, steps[:, :1] + np.arange(horizon), 0))
+    np.testing.assert_array_equal(batch['next_observations'], batch['full_observations'] + 0.5)
+    # terminals: 1 from the episode's last step on; valid: 1 until the step after it.
+    ends = np.cumsum(lengths) - 1
+    ended = np.maximum.accumulate(np.isin(steps, ends), axis=1)
+    np.testing.assert_array_equal(batch['terminals'], ended)
+    np.testing.assert_array_equal(batch['valid'][:, 1:], 1 - batch['terminals'][:, :-1])
+    # The trainer's lean batch is the same draw, without the fields its losses do not read.
+    lean = twin.sample_sequence(size, horizon, 0.5, fields=LOSS_FIELDS)
+    assert tuple(lean) == LOSS_FIELDS
+    for key in LOSS_FIELDS:
+        np.testing.assert_array_equal(lean[key], batch[key])
+
+
+def test_sweeps_read_run_results_only_through_run_files():
+    names = {run_files.FLAGS_FILE, run_files.FINISHED_FILE, run_files.CHECKPOINT_DIR}
+    names |= {f'{log}.csv' for log in run_files.LOGS}
+    sweeps_dir = os.path.join(ROOT, 'sweeps')
+    for name in sorted(os.listdir(sweeps_dir)):
+        if not name.endswith('.py'):
+            continue
+        with open(os.path.join(sweeps_dir, name)) as f:
+            tree = ast.parse(f.read())
+        strings = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+        assert not strings & names, (name, strings & names)
+        imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+        imported |= {f'{n.module}.{a.name}' for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
+        readers = {m for m in imported if m.startswith(('training.trainer', 'training.plotting', 'csv'))}
+        assert not readers, (name, readers)
+
+
+def test_every_run_setting_is_declared_once_and_becomes_a_flag():
+    fields = [f for f in dataclasses.fields(RunConfig) if f.metadata]
+    values = flags.FlagValues()
+    define_flags(main.PRESET, values)
+    for field in fields:
+        assert field.name in values and values[field.name].help == field.metadata['help'], field.name
+    online_only = flags.FlagValues()
+    define_flags(__import__('main_online').PRESET, online_only)
+    assert 'offline_steps' not in online_only and 'fused_steps' not in online_only
+    # Only `seeds` is stored; `--seed` is its one-seed spelling, and the aliases write the agent config.
+    run = parse_run(main.PRESET, ['--seed=3', '--discount=0.9'])
+    assert run.seeds == (3,) and run.seed == 3 and 'seed' not in {f.name for f in dataclasses.fields(run)}
+    assert run.discount == run.agent['discount'] == 0.9 and run.horizon_length == AGENT_ALIASES['horizon_length']
+    record = run.flag_record
+    assert record['seed'] == 3 and 'seeds' not in record and 'horizon_length' not in record
+    assert record['agent']['horizon_length'] == AGENT_ALIASES['horizon_length']
+    with pytest.raises(UsageError, match='--seed_chunk was renamed: use --seeds_per_vmap=1'):
+        parse_run(main.PRESET, ['--seed_chunk=1'])
+    with pytest.raises(UsageError, match='--seeds_per_vmap must be >= 0'):
+        parse_run(main.PRESET, ['--seeds_per_vmap=-1'])
