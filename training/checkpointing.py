@@ -15,12 +15,12 @@ only once every seed's new one is on disk, and a resume loads the newest step th
 
 import dataclasses
 
+from training.run_files import PHASES
 from utils.checkpoints import CheckpointError
 from utils.errors import UsageError
 
 CHECKPOINT_FORMAT = 1
 REQUIRED_KEYS = ('phase', 'phase_step', 'log_step', 'phase_times', 'agent', 'dataset_rng')
-PHASES = ('offline', 'online')
 
 
 @dataclasses.dataclass

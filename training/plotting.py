@@ -16,7 +16,7 @@ import numpy as np
 from training import run_files
 
 
-def find_run_dirs(paths, csv_name=run_files.csv_path('', run_files.EVAL_LOG)):
+def find_run_dirs(paths, csv_name=run_files.csv_name(run_files.EVAL_LOG)):
     """Run directories among `paths`: a path holding `csv_name` is a run; other directories are searched below."""
     runs = []
     for path in paths:

@@ -33,7 +33,7 @@ ENV_LOG = 'env'
 CHECKPOINT_DIR = 'checkpoints'
 VIDEO_DIR = 'videos'
 STATES_FILE = 'data.pkl'
-PHASES = ('offline', 'online')
+PHASES = ('offline', 'online')  # A run's phases, in order.
 FINISHED_VERSION = 1
 
 
@@ -45,8 +45,12 @@ def agent_log(phase):
 LOGS = (agent_log('offline'), agent_log('online'), ENV_LOG, EVAL_LOG)  # Every CSV log a run writes.
 
 
+def csv_name(log):
+    return f'{log}.csv'
+
+
 def csv_path(run_dir, log):
-    return os.path.join(run_dir, f'{log}.csv')
+    return os.path.join(run_dir, csv_name(log))
 
 
 def read_csv(path):
