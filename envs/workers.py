@@ -1,11 +1,12 @@
-"""Environments held by worker processes, so that several seeds' environments step at the same time.
+"""Environments held by worker processes, so that environments step while the driver trains, and side by side.
 
-A `EnvWorker` is a child Python process (`python -m envs.workers`, which imports neither JAX nor the driver) that
-builds its environments from picklable builders and serves `step`, `reset`, `render` and `call` requests over a
-socket, one at a time, in the order they arrive. Its environments are reached through `RemoteEnv` handles. A step
-is split in two: `step_async(env, action)` sends it (or, for an environment of this process, defers it) and returns
-the function that delivers the result, so that a caller sends the steps of all its environments first and then
-collects them: the workers simulate at the same time, and the environments of this process step while they do.
+An `EnvWorker` is a child Python process (it imports `envs`, neither JAX nor the driver) that builds its
+environments from picklable builders and serves `step`, `steps`, `reset`, `render` and `call` requests over a
+socket, in the order they arrive. Its environments are reached through `RemoteEnv` handles. Stepping is split in
+two: `step_async(env, action)` and `steps_async(env, actions)` send the work (or, for an environment of this
+process, defer it) and return the functions that deliver the results, so that a caller sends first and collects
+later: the workers simulate meanwhile. `steps_async` sends a whole open-loop action chunk, which the worker runs
+ahead of the caller up to an episode end.
 
 A worker ignores SIGINT and SIGTERM (the driver stops on them and writes its checkpoint first, and the workers must
 still answer until then) and exits when its socket closes, which also happens when the driver dies.
@@ -33,10 +34,9 @@ class EnvWorker:
 
     def __init__(self, builders):
         ours, theirs = Pipe(duplex=True)
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (_ROOT, os.environ.get('PYTHONPATH')) if p))
-        self.process = subprocess.Popen(
-            [sys.executable, '-m', 'envs.workers', str(theirs.fileno())], pass_fds=[theirs.fileno()], env=env
-        )
+        # The project root goes first on the child's path (the working directory stays: datasets may be relative).
+        code = f'import sys; sys.path.insert(0, {_ROOT!r}); import envs.workers; envs.workers.serve(int(sys.argv[1]))'
+        self.process = subprocess.Popen([sys.executable, '-c', code, str(theirs.fileno())], pass_fds=[theirs.fileno()])
         theirs.close()
         self.conn = ours
         self.conn.send(list(builders))
@@ -216,11 +216,12 @@ def _send_error(conn, error):
         conn.send((False, EnvWorkerError(f'in an environment worker: {text}')))
 
 
-def _serve(conn):
+def serve(fd):
+    """The worker process's main loop, on the socket `fd` its driver passed."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
-        _serve_requests(conn)
+        _serve_requests(Connection(fd))
     except (EOFError, OSError):  # The driver is gone (it stopped on an error of its own, or was killed): end quietly.
         return
 
@@ -259,8 +260,3 @@ def _run_steps(conn, env, actions, state_fn):
         except Exception as e:
             _send_error(conn, e)
             stopped = True
-
-
-if __name__ == '__main__':
-    # Run as `python -m envs.workers FD`: the `envs` package (OpenGL backend, known-noise filters) is imported first.
-    _serve(Connection(int(sys.argv[1])))
