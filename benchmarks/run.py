@@ -57,7 +57,8 @@ def settings(quick, accelerator=False):
             sizes=('paper',), update_agents=('QC', 'QC-FQL'), update_transitions=100_000, update_target_s=2.0,
             update_rounds=1, replay_sizes=(), matmul_n=4096, matmul_reps=10, eval=[],
             online=online_rows(('QC', 'QC-FQL'), 'paper', (1, 8), steps=400) + online_rows(('QC',), 'paper', (4,), 400)
-            + [dict(agent_name='QC-FQL', size='paper', seeds=8, fused=True, steps=400, env_workers=0)],
+            + [dict(agent_name=a, size='paper', seeds=s, fused=True, steps=400, env_workers=w)
+               for a, s, w in (('QC', 1, 1), ('QC-FQL', 8, 0))],
             online_startup=[dict(agent_name='QC', size='paper', seeds=s, env_workers=w) for s, w in STARTUP_SEEDS],
             memory_transitions=10_000,
             seeds=dict(sizes=('paper',), agents=('QC', 'QC-FQL'), seed_counts=(1, 4, 8, 16), num_transitions=100_000,
@@ -78,7 +79,8 @@ def settings(quick, accelerator=False):
         ],
         online=(
             online_rows(('QC',), 'tiny', (1, 4), steps=600) + online_rows(('QC',), 'small', (1,), steps=300)
-            + [dict(agent_name='QC', size='tiny', seeds=4, fused=True, steps=600, env_workers=0)]
+            + [dict(agent_name='QC', size='tiny', seeds=s, fused=True, steps=600, env_workers=w)
+               for s, w in ((1, 1), (4, 0))]  # the other choice of --env_workers than the default
             + online_rows(('QC',), 'paper', (1,), steps=60)
         ),
         online_startup=[dict(agent_name='QC', size='small', seeds=s, env_workers=w) for s, w in STARTUP_SEEDS],
