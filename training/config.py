@@ -71,7 +71,8 @@ class RunConfig:
                                'seeds\' evaluation copies, dealt round-robin: a worker steps through each action '
                                'chunk as soon as it is sampled, while this process trains, and the seeds\' '
                                'environments step side by side (0: every environment in this process; -1: none for '
-                               'one seed, else one per seed). Results do not depend on it.', minimum=-1)
+                               'one seed, else one per seed, at most one per CPU core). Results do not depend on '
+                               'it.', minimum=-1)
     seeds_per_vmap: int = setting(0, 'With --seeds: seeds vmapped together, the others loop inside the same compiled '
                                   'call (0: all seeds on a GPU/TPU, 1 on a CPU).', minimum=0)
     env_name: str = setting('cube-triple-play-singletask-task2-v0', 'Environment (and dataset) name.')

@@ -102,12 +102,12 @@ def check_chunk_fits(dataset, run):
 
 
 def env_worker_count(run):
-    """The environment worker processes of `run`: `--env_workers` (-1: none for one seed, else one per seed), at most
-    one per set of environments to hold (the first seed's training environment where there is an online phase, and
-    each other seed's environments)."""
+    """The environment worker processes of `run`: `--env_workers` (-1: none for one seed, else one per seed and at
+    most one per CPU core this process may use), at most one per set of environments to hold (the first seed's
+    training environment where there is an online phase, and each other seed's environments)."""
     sets = run.num_seeds - 1 + (run.online_steps > 0)
     if run.env_workers < 0:
-        return 0 if run.num_seeds == 1 else sets
+        return 0 if run.num_seeds == 1 else min(sets, len(os.sched_getaffinity(0)))
     return min(run.env_workers, sets)
 
 
