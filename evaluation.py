@@ -11,6 +11,7 @@ from collections import deque
 import jax
 import numpy as np
 
+from envs.workers import step_async
 from log_utils import to_scalar
 
 
@@ -62,6 +63,7 @@ class EpisodeRunner:
         self.record = record
         self.seed = seed
         self._num_chunks = 0
+        self._action = self._result = None  # The step `send` started.
         self.frames = []
         self.trajectory = {'observation': [], 'action': [], 'reward': [], 'done': [], 'info': []}
         self.episode_return = 0.0
@@ -88,8 +90,19 @@ class EpisodeRunner:
 
     def step(self):
         """Executes the front action of the queue in the env."""
-        action = np.clip(np.asarray(self.queue.pop()), -1, 1)
-        next_observation, reward, terminated, truncated, info = self.env.step(action)
+        self.send()
+        self.receive()
+
+    def send(self):
+        """Starts the step of the front action of the queue (in a worker process, if the env lives in one, see
+        `envs.workers`); `receive` completes it."""
+        self._action = np.clip(np.asarray(self.queue.pop()), -1, 1)
+        self._result = step_async(self.env, self._action)
+
+    def receive(self):
+        """Completes the step `send` started."""
+        action = self._action
+        next_observation, reward, terminated, truncated, info = self._result()
         done = bool(terminated) or bool(truncated)
         if self.record:
             traj = self.trajectory
@@ -230,14 +243,14 @@ def run_lockstep(sample_chunks, env_sets, action_dim, seeds, num_episodes, runne
             for g, w in enumerate(waiting):
                 for runner, chunk in zip(w, chunks[g]):
                     runner.push_chunk(chunk)
-        for g, group in enumerate(slots):
-            for slot, runner in enumerate(group):
-                if runner is None:
-                    continue
-                runner.step()
-                if runner.done:
-                    finished[g][runner.index] = runner
-                    start(g, slot)
+        running = [(g, slot, r) for g, group in enumerate(slots) for slot, r in enumerate(group) if r is not None]
+        for _, _, runner in running:
+            runner.send()  # Env copies in worker processes step from here on, side by side.
+        for g, slot, runner in running:
+            runner.receive()
+            if runner.done:
+                finished[g][runner.index] = runner
+                start(g, slot)
     return finished
 
 

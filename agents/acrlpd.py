@@ -98,7 +98,8 @@ class ACRLPDAgent(flax.struct.PyTreeNode):
         }
 
     def temperature_loss(self, batch, grad_params, rng):
-        """alpha * (H[pi] - target_entropy): raises alpha while the policy entropy is below the target."""
+        """alpha * (H[pi] - target_entropy): raises alpha while the policy entropy is below the target. Called with
+        the actor loss's key, it sees the actor loss's sample, without its gradient (the reference reuses it)."""
         _, log_probs = self.network.select('actor')(batch['observations']).sample_and_log_prob(seed=rng)  # (B,)
         entropy = -log_probs.mean()
         alpha = self.network.select('temp')(params=grad_params)
@@ -107,12 +108,12 @@ class ACRLPDAgent(flax.struct.PyTreeNode):
 
     def total_loss(self, batch, grad_params, rng):
         """Sum of the critic, actor and temperature losses; info keys are prefixed by component."""
-        critic_rng, actor_rng, temp_rng = jax.random.split(rng, 3)
+        critic_rng, actor_rng = jax.random.split(rng)
         total, info = 0.0, {}
         for prefix, loss_fn, key in (
             ('critic', self.critic_loss, critic_rng),
             ('actor', self.actor_loss, actor_rng),
-            ('alpha', self.temperature_loss, temp_rng),
+            ('alpha', self.temperature_loss, actor_rng),  # the actor loss's sample (same key, no gradient)
         ):
             loss, loss_info = loss_fn(batch, grad_params, key)
             total = total + loss

@@ -18,6 +18,8 @@ import os
 import tempfile
 import time
 
+import numpy as np
+
 from benchmarks.common import ENV_NAME, make_config
 
 STEP_PARTS = ('env', 'policy', 'sample', 'dispatch')
@@ -67,7 +69,7 @@ class PartTimer:
         return timed
 
 
-def make_run(agent_name, size, num_seeds, fused, steps, save_dir, preset, env_threads=1):
+def make_run(agent_name, size, num_seeds, fused, steps, save_dir, preset, env_workers=-1):
     from training.config import RunConfig, validate
 
     config = make_config(agent_name, size)
@@ -77,7 +79,7 @@ def make_run(agent_name, size, num_seeds, fused, steps, save_dir, preset, env_th
             preset=preset, agent=config, env_name=ENV_NAME, dataset_dir=dataset_dir(), save_dir=save_dir,
             seeds=tuple(range(num_seeds)), offline_steps=0, online_steps=steps, start_training=config.horizon_length,
             log_interval=10**9, eval_interval=0, eval_episodes=0, eval_envs=1, buffer_size=steps + 10_000,
-            fuse_online_updates=fused, env_threads=env_threads,
+            fuse_online_updates=fused, env_workers=env_workers,
             exp_name=f'{agent_name}_{size}_s{num_seeds}_{"fused" if fused else "step"}',
         )
     )  # fmt: skip
@@ -87,7 +89,6 @@ def alone_ms(trainer, horizon, reps=3):
     """(update ms per step, policy ms per call): the updates of one chunk's steps and one policy call, blocked."""
     import jax
 
-    from training.actor import policy_actions
     from training.data import join_steps
 
     lanes, agents = trainer.lanes, trainer.agents
@@ -98,23 +99,25 @@ def alone_ms(trainer, horizon, reps=3):
         t = time.perf_counter()
         jax.block_until_ready(agents.batch_update(batches))
         update.append((time.perf_counter() - t) / horizon)
-        for lane in lanes:
-            lane.actor.queue.clear()
+        actors = [lane.actor for lane in lanes]
+        observations = np.stack([actor.observation for actor in actors])
+        key_seeds = np.array([actor.key_seed for actor in actors], dtype=np.uint32)
         t = time.perf_counter()
-        policy_actions([lane.actor for lane in lanes], agents.sample_chunks)
+        agents.sample_chunks(observations, key_seeds, np.zeros(len(actors), dtype=np.int32))  # one policy call
         policy.append(time.perf_counter() - t)
     return 1e3 * min(update[1:]), 1e3 * min(policy[1:])
 
 
-def run(agent_name='QC', size='small', seeds=1, fused=True, steps=500, warmup_chunks=4, env_threads=1, log=print):
-    """One online run; returns its steps/s, the per-step breakdown (ms), the alone timings and the bound."""
+def run(agent_name='QC', size='small', seeds=1, fused=True, steps=500, warmup_chunks=4, env_workers=-1, log=print):
+    """One online run; returns its steps/s, the per-step breakdown (ms), the alone timings and the bound.
+    `env_workers` is the run's `--env_workers` (-1: the default, one worker process per seed after the first)."""
     import jax
 
     import main
     import main_online
     from agents import agents as agent_classes
     from training import Trainer, loops
-    from training.lanes import map_lanes
+    from training.setup import env_worker_count
 
     os.environ.setdefault('WANDB_MODE', 'disabled')
     module = 'acfql' if agent_name in ('QC', 'QC-FQL', 'FQL') else 'acrlpd'
@@ -122,14 +125,15 @@ def run(agent_name='QC', size='small', seeds=1, fused=True, steps=500, warmup_ch
     with tempfile.TemporaryDirectory(prefix='qc-bench-online-') as save_dir:
         horizon = make_config(agent_name, size).horizon_length
         warm = horizon * warmup_chunks + horizon  # compiles happen in the first chunks
-        run_config = make_run(agent_name, size, seeds, fused, steps + warm, save_dir, preset, env_threads)
+        run_config = make_run(agent_name, size, seeds, fused, steps + warm, save_dir, preset, env_workers)
         trainer = Trainer(run_config, agent_classes)
         timer = PartTimer(start=warm)
         agents = trainer.agents
         agents.sample_chunks = timer.wrap('policy', agents.sample_chunks)
         agents.batch_update = timer.wrap('dispatch', agents.batch_update)
-        # The environment steps of all seeds (one after another, or on threads): the loop's `map_lanes` call.
-        loops.map_lanes = timer.wrap('env', map_lanes)
+        # The environment steps of all seeds (in this process and in the worker processes).
+        step_lanes = loops.step_lanes
+        loops.step_lanes = timer.wrap('env', step_lanes)
         trainer.hooks.begin_step = timer.begin(trainer.hooks.begin_step)
         original_start = type(trainer.lanes[0]).start_online
 
@@ -142,14 +146,14 @@ def run(agent_name='QC', size='small', seeds=1, fused=True, steps=500, warmup_ch
         try:
             trainer.train()
         finally:
-            loops.map_lanes = map_lanes
+            loops.step_lanes = step_lanes
         jax.block_until_ready(agents.agents)
         wall = time.perf_counter() - timer.first_time
         parts, calls = dict(timer.seconds), dict(timer.calls)
         update_ms, policy_ms = alone_ms(trainer, horizon)
-    threads = min(env_threads, seeds)
     out = dict(agent=agent_name, size=size, seeds=seeds, schedule='fused' if fused else 'per step', steps=steps,
-               horizon=horizon, env_threads=threads, backend=jax.default_backend())  # fmt: skip
+               horizon=horizon, env_workers_flag=env_workers, env_workers=env_worker_count(run_config),
+               backend=jax.default_backend())  # fmt: skip
     out['steps_per_s'] = steps / wall
     out['seed_steps_per_s'] = seeds * steps / wall
     out['step_ms'] = 1e3 * wall / steps
@@ -168,18 +172,23 @@ def run(agent_name='QC', size='small', seeds=1, fused=True, steps=500, warmup_ch
     out['efficiency'] = bound / out['step_ms']
     out['device_busy_est'] = min(1.0, (update_ms + policy_ms / horizon) / out['step_ms'])
     out['startup'] = {k: v for k, v in trainer.startup.stages.items() if v is not None}
+    parts_text = ', '.join(f'{p} {out[f"{p}_ms"]:.2f}' for p in (*STEP_PARTS, 'other'))
     log(
-        f'  online {agent_name} {size} S={seeds} {out["schedule"]} threads={threads}: {out["steps_per_s"]:.1f} steps/s '
-        f'({out["step_ms"]:.2f} ms/step: ' + ', '.join(f'{p} {out[f"{p}_ms"]:.2f}' for p in (*STEP_PARTS, 'other'))
-        + f'); alone: update {update_ms:.2f} ms/step, policy {policy_ms:.2f} ms; bound {bound:.2f} ms '
+        f'  online {agent_name} {size} S={seeds} {out["schedule"]} env workers {out["env_workers"]}: '
+        f'{out["steps_per_s"]:.1f} steps/s ({out["step_ms"]:.2f} ms/step: {parts_text}'
+        f'); alone: update {update_ms:.2f} ms/step, policy {policy_ms:.2f} ms; bound {bound:.2f} ms '
         f'(efficiency {out["efficiency"]:.2f})'
     )
     return out
 
 
-def startup(agent_name='QC', size='paper', seeds=1, log=print):
+def startup(agent_name='QC', size='paper', seeds=1, env_workers=-1, log=print):
     """Start-up of a run of S seeds (stages of `Trainer`'s start-up line, in seconds) with a 10-step online phase."""
-    row = run(agent_name, size, seeds=seeds, fused=True, steps=10, warmup_chunks=0, log=lambda *_: None)
-    out = dict(agent=agent_name, size=size, seeds=seeds, **{f'{k} s': v for k, v in row['startup'].items()})
-    log(f'  start-up {agent_name} {size} S={seeds}: ' + ', '.join(f'{k} {v:.1f} s' for k, v in row['startup'].items()))
+    row = run(agent_name, size, seeds=seeds, fused=True, steps=10, warmup_chunks=0, env_workers=env_workers,
+              log=lambda *_: None)  # fmt: skip
+    stages = {f'{k} s': v for k, v in row['startup'].items()}
+    out = dict(agent=agent_name, size=size, seeds=seeds, env_workers_flag=env_workers, env_workers=row['env_workers'],
+               **stages)  # fmt: skip
+    text = ', '.join(f'{k} {v:.1f} s' for k, v in row['startup'].items())
+    log(f'  start-up {agent_name} {size} S={seeds} env workers {row["env_workers"]}: {text}')
     return out

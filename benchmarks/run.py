@@ -23,6 +23,10 @@ SEED_TARGET_GPU = 5.0  # S=8 seed-updates/s over S=1 for QC-FQL at paper size, o
 PAPER_TOLERANCE = 0.97  # "Never slower" at paper size allows 3% timing noise between the two loops.
 
 
+# Start-ups of one seed and of 8 (with worker processes, the default, and without).
+STARTUP_SEEDS = ((1, -1), (8, -1), (8, 0))
+
+
 def online_rows(agents, size, seed_counts, steps):
     """Online benchmark runs: every agent and seed count, per-step and fused schedules side by side."""
     return [dict(agent_name=a, size=size, seeds=s, fused=f, steps=steps) for a in agents for s in seed_counts
@@ -52,8 +56,10 @@ def settings(quick, accelerator=False):
         return dict(
             sizes=('paper',), update_agents=('QC', 'QC-FQL'), update_transitions=100_000, update_target_s=2.0,
             update_rounds=1, replay_sizes=(), matmul_n=4096, matmul_reps=10, eval=[],
-            online=online_rows(('QC', 'QC-FQL'), 'paper', (1, 8), steps=400) + online_rows(('QC',), 'paper', (4,), 400),
-            online_startup=[dict(agent_name='QC', size='paper', seeds=s) for s in (1, 8)],
+            online=online_rows(('QC', 'QC-FQL'), 'paper', (1, 8), steps=400) + online_rows(('QC',), 'paper', (4,), 400)
+            + [dict(agent_name=a, size='paper', seeds=s, fused=True, steps=400, env_workers=w)
+               for a, s, w in (('QC', 1, 1), ('QC-FQL', 8, 0))],
+            online_startup=[dict(agent_name='QC', size='paper', seeds=s, env_workers=w) for s, w in STARTUP_SEEDS],
             memory_transitions=10_000,
             seeds=dict(sizes=('paper',), agents=('QC', 'QC-FQL'), seed_counts=(1, 4, 8, 16), num_transitions=100_000,
                        replay_transitions=10_000, replay_online_steps=10_000),
@@ -73,10 +79,11 @@ def settings(quick, accelerator=False):
         ],
         online=(
             online_rows(('QC',), 'tiny', (1, 4), steps=600) + online_rows(('QC',), 'small', (1,), steps=300)
-            + [dict(agent_name='QC', size='tiny', seeds=4, fused=True, steps=600, env_threads=4)]
+            + [dict(agent_name='QC', size='tiny', seeds=s, fused=True, steps=600, env_workers=w)
+               for s, w in ((1, 1), (4, 0))]  # the other choice of --env_workers than the default
             + online_rows(('QC',), 'paper', (1,), steps=60)
         ),
-        online_startup=[dict(agent_name='QC', size='small', seeds=s) for s in (1, 8)],
+        online_startup=[dict(agent_name='QC', size='small', seeds=s, env_workers=w) for s, w in STARTUP_SEEDS],
         memory_transitions=1_000_000,
         seeds=dict(sizes=('small', 'paper'), agents=('QC', 'QC-FQL'), seed_counts=(1, 2, 4, 8)),
     )
@@ -105,12 +112,12 @@ def online_targets(results):
             targets.append(dict(target='GPU, QC paper size, one seed: device busy >= 70% (or the env is the bound)',
                                 met=r['device_busy_est'] >= 0.7 or env_bound, value=round(r['device_busy_est'], 3)))
     for agent, factor in (('QC-FQL', 5.0), ('QC', 2.0)):
-        by_seeds = {r['seeds']: r for r in on_gpu if r['agent'] == agent}
+        by_seeds = {r['seeds']: r for r in on_gpu if r['agent'] == agent and r['env_workers_flag'] == -1}
         if 1 in by_seeds and 8 in by_seeds:
             ratio = by_seeds[8]['seed_steps_per_s'] / by_seeds[1]['seed_steps_per_s']
             targets.append(dict(target=f'GPU, {agent}: 8 seeds >= {factor}x the seed-steps/s of one',
                                 met=ratio >= factor, value=round(ratio, 2)))
-    starts = {r['seeds']: r for r in results.get('online_startup') or []}
+    starts = {r['seeds']: r for r in results.get('online_startup') or [] if r.get('env_workers_flag', -1) == -1}
     if 1 in starts and 8 in starts and results['machine']['backend'] == 'gpu':
         def after_imports(row):
             return sum(v for k, v in row.items() if k.endswith(' s') and k != 'imports s')
@@ -271,7 +278,7 @@ def print_tables(results, matmul):
                     ('size', 'size', None),
                     ('seeds', 'S', None),
                     ('schedule', 'schedule', None),
-                    ('env_threads', 'env threads', None),
+                    ('env_workers', 'env workers', None),
                     ('steps_per_s', 'steps/s', '{:.1f}'),
                     ('seed_steps_per_s', 'seed-steps/s', '{:.1f}'),
                     ('step_ms', 'step', '{:.2f}'),
@@ -297,6 +304,7 @@ def print_tables(results, matmul):
                     ('agent', 'agent', None),
                     ('size', 'size', None),
                     ('seeds', 'S', None),
+                    ('env_workers', 'env workers', None),
                     ('imports s', 'imports', '{:.1f}'),
                     ('envs and data s', 'envs and data', '{:.1f}'),
                     ('agent s', 'agent', '{:.1f}'),

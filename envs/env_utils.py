@@ -146,6 +146,18 @@ def make_seed_envs(env_name, seed, num_eval_envs=1, dataset_dir=None, frame_stac
     return _seeded_envs(family, env_name, env, eval_env, seed, num_eval_envs, dataset_dir, frame_stack)
 
 
+def seed_env_list(env_name, seed, num_eval_envs=1, dataset_dir=None, frame_stack=None):
+    """The environments of `make_seed_envs` as one list, the training environment first; `num_eval_envs=0`: the
+    training environment alone (what an environment worker process builds, `envs.workers`)."""
+    if num_eval_envs == 0:
+        family = FAMILIES[get_env_family(env_name)]
+        env = _wrap_env(family.make_env(env_name, dataset_dir=dataset_dir, seed=seed), family, env_name, frame_stack)
+        env.reset(seed=seed)
+        return [env]
+    env, eval_envs = make_seed_envs(env_name, seed, num_eval_envs, dataset_dir=dataset_dir, frame_stack=frame_stack)
+    return [env, *eval_envs]
+
+
 def _seeded_envs(family, env_name, env, eval_env, seed, num_eval_envs, dataset_dir, frame_stack):
     """Wraps and seeds the training and first evaluation environment and adds the extra evaluation ones."""
     env, eval_env = (_wrap_env(e, family, env_name, frame_stack) for e in (env, eval_env))

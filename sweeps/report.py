@@ -13,7 +13,7 @@ import subprocess
 
 import numpy as np
 
-from sweeps import jobs
+from sweeps import jobs, paper
 from sweeps.spec import RUNS_DIR, Run, group_units
 from training import run_files
 from utils.errors import UserError
@@ -126,21 +126,33 @@ def bootstrap_ci(values, rng, samples=BOOTSTRAP_SAMPLES):
     return float(values.mean()), float(low), float(high)
 
 
-def _cell(values, rng, seeds):
-    if not values:
-        return '-'
-    mean, low, high = bootstrap_ci(np.array(values) * 100, rng)
-    return f'{mean:.1f} [{low:.1f}, {high:.1f}]' + (f' (n={len(values)})' if len(values) < seeds else '')
+def bootstrap_mean_of_means(groups, rng, samples=BOOTSTRAP_SAMPLES):
+    """(mean, low, high) of the mean over groups (tasks) of each group's mean over its values (seeds), with a 95%
+    percentile-bootstrap interval that resamples the seeds within every task."""
+    groups = [np.asarray(g, dtype=np.float64) for g in groups]
+    means = np.mean([g[rng.integers(0, len(g), size=(samples, len(g)))].mean(axis=1) for g in groups], axis=0)
+    low, high = np.percentile(means, [2.5, 97.5])
+    return float(np.mean([g.mean() for g in groups])), float(low), float(high)
+
+
+def _format(ci, seeds=None, count=None):
+    mean, low, high = (100 * v for v in ci)
+    return f'{mean:.1f} [{low:.1f}, {high:.1f}]' + (f' (n={count})' if seeds and count < seeds else '')
 
 
 def results(sweep_dir):
     """{(env, method): {'offline': [success per seed], 'online': [...], 'seeds': n, 'curves': [(steps, success,
-    offline steps)]}} in SPEC order."""
+    offline steps)], 'steps': (offline steps, online steps), 'online_only': bool}} in SPEC order."""
     runs, _ = load_sweep(sweep_dir)
     table = {}
     for run in runs:
-        entry = table.setdefault((run.env, run.method), dict(offline=[], online=[], curves=[], seeds=0))
         path = run_dir(sweep_dir, run.name)
+        entry = table.setdefault((run.env, run.method), dict(
+            offline=[], online=[], curves=[], seeds=0, online_only=run.driver == 'main_online.py', steps=None,
+        ))  # fmt: skip
+        flags = run_files.read_flags(path)
+        if entry['steps'] is None and flags:  # The phase lengths the runs were started with.
+            entry['steps'] = (int(flags.get('offline_steps') or 0), int(flags.get('online_steps') or 0))
         values = run_files.phase_results(path)
         for phase, value in values.items():
             entry[phase].append(value)
@@ -152,27 +164,87 @@ def results(sweep_dir):
     return table
 
 
+def paper_cell(task, method, phase, entry, ours):
+    """(text, outside): the published success at the point matching the end of our `phase`, and whether its 95%
+    interval and ours (`ours`: (mean, low, high) or None) do not overlap."""
+    points = paper.curve(task, method) if task else None
+    if points is None:
+        return 'no published row', False
+    if entry['steps'] is None:  # No run started yet.
+        return '-', False
+    offline, online = entry['steps']
+    if (phase == 'offline' and (entry['online_only'] or not offline)) or (phase == 'online' and not online):
+        return '-', False
+    step = paper.paper_step(phase, offline, online, entry['online_only'])
+    point = paper.point_at(points, step)
+    if point is None:
+        lengths = (offline, online) if phase == 'online' and not entry['online_only'] else (offline or online,)
+        if any(n < paper.PAPER_PHASE_STEPS for n in lengths):
+            return "shorter than the paper's protocol", False
+        return 'no published point at this step', False
+    text = _format((point.mean, point.low, point.high))
+    if step != paper.protocol_step(phase):  # a shorter phase, compared at its own length
+        text += f' after {offline if phase == "offline" else online:,} {phase} steps'
+    outside = ours is not None and (ours[2] < point.low or ours[1] > point.high)
+    return text, outside
+
+
+def table_rows(sweep_dir, rng):
+    """(label, method, entry, published task, {phase: our (mean, low, high) or None}, {phase: seeds there}, seeds)
+    per task x method, then one per paper domain (or `all`) whose every task has results of a method."""
+    table = results(sweep_dir)
+    rows = []
+    for (env, method), entry in table.items():
+        ours = {p: bootstrap_ci(entry[p], rng) if entry[p] else None for p in ('offline', 'online')}
+        counts = {p: len(entry[p]) for p in ours}
+        rows.append((env, method, entry, paper.published_task(env), ours, counts, entry['seeds']))
+    for group, members in paper.aggregates().items():
+        for method in dict.fromkeys(m for _, m in table):
+            by_task = {paper.published_task(e): entry for (e, m), entry in table.items() if m == method}
+            if not members or not all(t in by_task and by_task[t]['seeds'] for t in members):
+                continue
+            entries = [by_task[t] for t in members]
+            ours = {p: bootstrap_mean_of_means([e[p] for e in entries], rng) if all(e[p] for e in entries) else None
+                    for p in ('offline', 'online')}  # fmt: skip
+            label = f'{group} ({len(members)} tasks, mean)'
+            rows.append((label, method, entries[0], group, ours, {}, min(e['seeds'] for e in entries)))
+    return rows
+
+
 def table_markdown(sweep_dir, seed=0):
     """The paper-style table: success (%) at the end of the offline and of the online phase per task x method,
-    mean over seeds with a 95% bootstrap interval, and the number of seeds."""
+    mean over seeds with a 95% bootstrap interval, and the number of seeds; next to each, the paper's published
+    value at the same point (`sweeps/paper.py`), marked `!` where the two intervals do not overlap. A sweep over
+    every task of a paper domain adds the domain's row (mean over its tasks)."""
     rng = np.random.default_rng(seed)
     lines = [
-        '| task | method | seeds | offline end (%) | online end (%) |',
-        '|---|---|---:|---|---|',
+        '| task | method | seeds | offline end (%) | paper (%) | online end (%) | paper (%) |',
+        '|---|---|---:|---|---|---|---|',
     ]
-    for (env, method), entry in results(sweep_dir).items():
-        seeds = entry['seeds']
-        offline, online = _cell(entry['offline'], rng, seeds), _cell(entry['online'], rng, seeds)
-        lines.append(f'| {env} | {method} | {seeds} | {offline} | {online} |')
+    outside_any = False
+    for label, method, entry, task, ours, counts, seeds in table_rows(sweep_dir, rng):
+        cells = []
+        for phase in ('offline', 'online'):
+            ci = ours[phase]
+            mine = '-' if ci is None else _format(ci, seeds, counts.get(phase, seeds))
+            theirs, outside = paper_cell(task, method, phase, entry, ci)
+            outside_any |= outside
+            cells += [mine + (' !' if outside else ''), theirs]
+        lines.append(f'| {label} | {method} | {seeds} | ' + ' | '.join(cells) + ' |')
     lines.append('')
     lines.append(f'Mean over seeds [95% bootstrap interval, {BOOTSTRAP_SAMPLES} resamples]; (n=k): only k seeds '
-                 'reached that point.')  # fmt: skip
+                 "reached that point. paper: the published mean [95% interval] at the same point of the paper's "
+                 'protocol (1M offline, then 1M online steps; online-only methods 1M online), or after as many '
+                 'steps of the same phase where a run is shorter and the published curve has that point.')  # fmt: skip
+    if outside_any:
+        lines.append("!: our interval and the paper's do not overlap.")
     return '\n'.join(lines)
 
 
 def plot_tasks(sweep_dir, out_dir, seed=0):
     """One learning-curve PNG per task: every method's seed mean with its 95% bootstrap band, steps counted from
-    the start of the online phase (the offline phase is negative), the boundary marked. Returns the paths."""
+    the start of the online phase (the offline phase is negative), the boundary marked, and the paper's published
+    curve of the task and method dashed where there is one. Returns the paths."""
     import matplotlib
 
     matplotlib.use('Agg')
@@ -183,35 +255,50 @@ def plot_tasks(sweep_dir, out_dir, seed=0):
     by_env = {}
     for (env, method), entry in results(sweep_dir).items():
         if entry['curves']:
-            by_env.setdefault(env, []).append((method, entry['curves']))
+            by_env.setdefault(env, []).append((method, entry))
     paths = []
     for env, methods in by_env.items():
-        fig, ax = plt.subplots(figsize=(7, 4))
-        any_offline = False
-        for method, curves in methods:
-            per_step = {}
-            for steps, success, offline in curves:
-                any_offline |= offline > 0
-                for s, v in zip(steps - offline, success, strict=True):
-                    per_step.setdefault(float(s), []).append(v)
-            xs = np.array(sorted(per_step))
-            stats = [bootstrap_ci(per_step[x], rng) for x in xs]
-            mean, low, high = (np.array(col) for col in zip(*stats, strict=True))
-            (line,) = ax.plot(xs, mean, marker='o', markersize=3, label=f'{method} ({len(curves)} seeds)')
-            ax.fill_between(xs, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
-        if any_offline:
-            ax.axvline(0, color='gray', linestyle='--', linewidth=1)
-            for label, align in (('offline  ', 'right'), ('  online', 'left')):
-                ax.text(0, 0.97, label, transform=ax.get_xaxis_transform(), ha=align, va='top', color='gray')
-        ax.set_ylim(-0.02, 1.02)
-        ax.set_xlabel('step (0: start of online phase)')
-        ax.set_ylabel('evaluation success')
-        ax.set_title(env)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-        fig.tight_layout()
+        fig = task_figure(env, methods, rng)
         path = os.path.join(out_dir, f'{env.replace("/", "+")}.png')
         fig.savefig(path, dpi=120)
         plt.close(fig)
         paths.append(path)
     return paths
+
+
+def task_figure(env, methods, rng):
+    """The learning-curve figure of one task: `methods` is [(method, `results` entry)]; each method's published
+    curve, where there is one, is drawn dashed in the same colour."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    any_offline = False
+    task = paper.published_task(env)
+    for method, entry in methods:
+        curves = entry['curves']
+        per_step = {}
+        for steps, success, offline in curves:
+            any_offline |= offline > 0
+            for s, v in zip(steps - offline, success, strict=True):
+                per_step.setdefault(float(s), []).append(v)
+        xs = np.array(sorted(per_step))
+        stats = [bootstrap_ci(per_step[x], rng) for x in xs]
+        mean, low, high = (np.array(col) for col in zip(*stats, strict=True))
+        (line,) = ax.plot(xs, mean, marker='o', markersize=3, label=f'{method} ({len(curves)} seeds)')
+        ax.fill_between(xs, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
+        points = paper.curve(task, method) if task else None
+        if points:
+            offset = paper.published_offset(offline_steps=0)
+            paper.draw(ax, points, offset, (xs.min(), xs.max()), color=line.get_color(), label=f'{method} (paper)')
+    if any_offline:
+        ax.axvline(0, color='gray', linestyle='--', linewidth=1)
+        for label, align in (('offline  ', 'right'), ('  online', 'left')):
+            ax.text(0, 0.97, label, transform=ax.get_xaxis_transform(), ha=align, va='top', color='gray')
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_xlabel('step (0: start of online phase)')
+    ax.set_ylabel('evaluation success')
+    ax.set_title(env)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig

@@ -2,6 +2,7 @@
 
 import csv
 import glob
+import json
 import os
 import subprocess
 import sys
@@ -165,3 +166,17 @@ def parse_run(preset, argv):
         define_flags(preset, flag_values)
         flag_values(argv)
     return from_flags(flag_values, preset)
+
+
+def fake_run(sweep_dir, name, steps, success, offline_steps, online_steps, finished=True, flags=None):
+    """A run directory of a sweep as the drivers leave it: eval.csv, flags.json, finished.json when finished."""
+    path = os.path.join(sweep_dir, 'runs', name)
+    os.makedirs(path)
+    with open(os.path.join(path, 'eval.csv'), 'w') as f:
+        f.write('step,episode.return,success\n')
+        f.writelines(f'{s},0,{v}\n' for s, v in zip(steps, success, strict=True))
+    flags = {'online_steps': online_steps} | ({'offline_steps': offline_steps} if offline_steps else {}) | (flags or {})
+    with open(os.path.join(path, 'flags.json'), 'w') as f:
+        json.dump(flags, f)
+    if finished:
+        open(os.path.join(path, 'finished.json'), 'w').write('{}')

@@ -253,3 +253,15 @@ def test_create_accepts_a_single_example_or_a_batch_of_one(dataset):
     assert single.sample_actions(np.stack([obs] * 4), rng=key).shape == (4, H * ACTION_DIM)
     single, info = single.update(sample_batch(dataset))
     assert np.isfinite(float(info['critic/critic_loss']))
+
+
+def test_temperature_loss_reuses_the_actor_loss_sample(agents, dataset):
+    # As the reference: the temperature sees the entropy of the actor loss's own sample (not a second draw), and
+    # moves alpha only (no gradient reaches the actor through it).
+    agent = agents[True]
+    batch = sample_batch(dataset)
+    _, info = agent.total_loss(batch, agent.network.params, jax.random.PRNGKey(3))
+    assert float(info['alpha/entropy']) == float(info['actor/entropy'])
+    grads = jax.grad(lambda p: agent.temperature_loss(batch, p, jax.random.PRNGKey(3))[0])(agent.network.params)
+    assert all(not np.any(np.asarray(g)) for g in jax.tree_util.tree_leaves(grads['modules_actor']))
+    assert np.any(np.asarray(grads['modules_temp']['log_temp']))

@@ -110,23 +110,42 @@ def test_steady_online_steps_wait_only_for_actions_and_update_once_per_chunk(cub
     assert set(compiled.names) == {'batch_update', '_sample_chunk'}, compiled.names
 
 
-def test_seeds_environments_on_threads_give_the_serial_results(cube_dir, tmp_path):
-    base = [*TINY, '--agent.actor_num_samples=2', '--agent.flow_steps=2', f'--dataset_dir={cube_dir}',
-            f'--save_dir={tmp_path}', '--seeds=0,1', '--offline_steps=0', '--online_steps=8', '--start_training=1',
-            '--log_interval=4', '--eval_interval=0', '--eval_envs=2', '--eval_episodes=2']  # fmt: skip
+@pytest.mark.parametrize(
+    'preset, extra, counts',
+    [
+        # All seeds in one worker: an evaluation copy resets while another's step is pending there.
+        (main.PRESET, ['--seeds=0,1,2', '--start_training=200', '--agent.actor_num_samples=2', '--agent.flow_steps=2',
+                       '--offline_steps=0'], (0, 1)),
+        # One seed: uniform random actions (one step sent at a time), then chunks sent ahead to the worker.
+        (main_online.PRESET, ['--seed=0', '--start_training=100', '--agent.num_qs=2'], (0, 1)),
+    ],
+    ids=['seeds', 'one_seed'],
+)
+def test_environments_in_worker_processes_give_the_serial_results(cube_dir, tmp_path, preset, extra, counts):
+    # 210 online steps: every training episode (200 steps) ends and resets, inside a chunk (H = 3); 3 evaluation
+    # episodes on 2 copies.
+    base = [*TINY, *extra, f'--dataset_dir={cube_dir}', f'--save_dir={tmp_path}', '--online_steps=210',
+            '--log_interval=105', '--eval_interval=0', '--eval_envs=2', '--eval_episodes=3',
+            '--save_all_online_states=True', '--buffer_size=1000']  # fmt: skip
     runs = {}
-    for threads in (1, 2):  # one after another; one thread per seed
-        trainer = Trainer(parse_run(main.PRESET, [*base, f'--exp_name=threads{threads}', f'--env_threads={threads}']),
-                          agents)  # fmt: skip
+    for workers in counts:
+        run = parse_run(preset, [*base, f'--exp_name=workers{workers}', f'--env_workers={workers}'])
+        trainer = Trainer(run, agents)
+        assert (trainer.workers is None) == (workers == 0)
         trainer.train()
-        runs[threads] = trainer
-    serial, threaded = runs[1], runs[2]
-    for a, b in zip(serial.lanes, threaded.lanes, strict=True):
-        np.testing.assert_array_equal(a.replay.online['observations'], b.replay.online['observations'])
-        np.testing.assert_array_equal(a.replay.online['actions'], b.replay.online['actions'])
-        for log in (run_files.EVAL_LOG, run_files.agent_log('online')):
-            rows_a, rows_b = (read_csv(run_files.csv_path(lane.run_dir, log)) for lane in (a, b))
-            assert len(rows_a) == len(rows_b) > 0
-            for ra, rb in zip(rows_a, rows_b, strict=True):
-                assert {k: v for k, v in ra.items() if 'time' not in k and 'duration' not in k} == {
-                    k: v for k, v in rb.items() if 'time' not in k and 'duration' not in k}
+        runs[workers] = trainer
+    serial = runs.pop(0)
+    for trainer in runs.values():
+        assert all(worker.process.poll() is not None for worker in trainer.workers.workers)  # closed at the end
+        for a, b in zip(serial.lanes, trainer.lanes, strict=True):
+            assert a.replay.size == b.replay.size and len(a.states['qpos']) == 210
+            for key in ('observations', 'actions', 'rewards', 'terminals', 'next_observations'):
+                np.testing.assert_array_equal(a.replay[key][: a.replay.size], b.replay[key][: b.replay.size])
+            for key in ('qpos', 'qvel'):
+                np.testing.assert_array_equal(np.stack(a.states[key]), np.stack(b.states[key]))
+            for log in (run_files.EVAL_LOG, run_files.ENV_LOG, run_files.agent_log('online')):
+                rows_a, rows_b = (read_csv(run_files.csv_path(lane.run_dir, log)) for lane in (a, b))
+                assert len(rows_a) == len(rows_b) > 0
+                for ra, rb in zip(rows_a, rows_b, strict=True):
+                    assert {k: v for k, v in ra.items() if 'time' not in k and 'duration' not in k} == {
+                        k: v for k, v in rb.items() if 'time' not in k and 'duration' not in k}

@@ -9,7 +9,7 @@ import sys
 
 import numpy as np
 import pytest
-from helpers import ROOT, generate_cube_single, read_csv, subprocess_env
+from helpers import ROOT, fake_run, generate_cube_single, read_csv, subprocess_env
 
 from sweeps import presets, report, spec
 from utils.checkpoints import checkpoint_steps
@@ -147,19 +147,6 @@ def test_a_bad_spec_ends_with_one_line_and_exit_2(tmp_path):
 # Reading results.
 
 
-def fake_run(sweep_dir, name, steps, success, offline_steps, online_steps, finished=True):
-    path = os.path.join(sweep_dir, spec.RUNS_DIR, name)
-    os.makedirs(path)
-    with open(os.path.join(path, 'eval.csv'), 'w') as f:
-        f.write('step,episode.return,success\n')
-        f.writelines(f'{s},0,{v}\n' for s, v in zip(steps, success, strict=True))
-    flags = {'online_steps': online_steps} | ({'offline_steps': offline_steps} if offline_steps else {})
-    with open(os.path.join(path, 'flags.json'), 'w') as f:
-        json.dump(flags, f)
-    if finished:
-        open(os.path.join(path, 'finished.json'), 'w').write('{}')
-
-
 def test_table_and_plots_from_run_directories(tmp_path):
     body = dict(methods=['QC', 'RLPD'], envs=[ENV], seeds=3)
     runs, _ = spec.expand(body)
@@ -177,8 +164,9 @@ def test_table_and_plots_from_run_directories(tmp_path):
     rows = [line for line in text.splitlines() if line.startswith(f'| {ENV}')]
     assert len(rows) == 2
     qc_row, rlpd_row = (row.split(' | ') for row in rows)
-    assert qc_row[1] == 'QC' and qc_row[2] == '3' and qc_row[3].startswith('20.0 [') and qc_row[4].startswith('80.0 [')
-    assert rlpd_row[2] == '1' and rlpd_row[3] == '-' and rlpd_row[4].startswith('50.0 [50.0, 50.0]')
+    assert qc_row[1] == 'QC' and qc_row[2] == '3' and qc_row[3].startswith('20.0 [') and qc_row[5].startswith('80.0 [')
+    assert qc_row[4] == qc_row[6].rstrip(' |') == 'no published row'  # cube-single is not a task of the paper
+    assert rlpd_row[2] == '1' and rlpd_row[3] == '-' and rlpd_row[5].startswith('50.0 [50.0, 50.0]')
 
     mean, low, high = report.bootstrap_ci([0.0, 1.0, 1.0, 1.0], np.random.default_rng(0))
     assert mean == 0.75 and 0.0 <= low < 0.75 < high <= 1.0

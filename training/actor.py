@@ -1,7 +1,10 @@
 """Acting online: open-loop action chunks in the training environment, one replay transition per step."""
 
+from collections import deque
+
 import numpy as np
 
+from envs.workers import RemoteEnv, steps_async
 from evaluation import ActionQueue, mean_stats
 from utils import seeding
 
@@ -30,6 +33,8 @@ class OnlineActor:
         self.action_rng = seeding.generator(seed, 'random_actions')
         self.queue = ActionQueue(action_dim)
         self.observation, _ = env.reset()
+        self._action = self._result = None  # The step `send` started.
+        self._ahead = deque()  # Results of steps sent ahead (`push_chunk`), in order.
 
     def random_action(self):
         """A uniform random action in [-1, 1] (the warm-up before training starts)."""
@@ -38,11 +43,30 @@ class OnlineActor:
     def _stored(self, observation):
         return observation if self.frame_dim is None else observation[..., -self.frame_dim :]
 
-    def step(self, action):
-        """Takes one env step with `action`. Returns (transition, info, done)."""
-        next_observation, reward, terminated, truncated, info = self.env.step(np.clip(action, -1.0, 1.0))
+    def push_chunk(self, chunk):
+        """Queues a sampled (H * A) chunk. An environment in a worker process gets all its actions at once and steps
+        through them ahead of the loop, up to an episode end; `send` then takes their results in turn."""
+        self.queue.push_chunk(chunk)
+        self.chunks += 1
+        if isinstance(self.env, RemoteEnv):
+            actions = np.clip(np.asarray(chunk).reshape(-1, self.action_dim), -1.0, 1.0)
+            self._ahead.extend(steps_async(self.env, actions, self.state_fn))
+
+    def send(self, action):
+        """Starts one env step with `action`, the front of the queue or a random action (in a worker process, if the
+        environment lives in one); `receive` completes it. Sending every seed's step before receiving any lets the
+        workers' environments step at once."""
+        if not self._ahead:  # Else the step was sent with its chunk.
+            self._ahead.extend(steps_async(self.env, [np.clip(action, -1.0, 1.0)], self.state_fn))
+        self._action = action
+        self._result = self._ahead.popleft()
+
+    def receive(self):
+        """Completes the step `send` started. Returns (transition, info, done)."""
+        action = self._action
+        (next_observation, reward, terminated, truncated, info), state, reset_observation = self._result()
         if self.state_fn is not None:
-            self.last_state = self.state_fn(self.env)
+            self.last_state = state
         if self.reward_fn is not None:
             reward = self.reward_fn(reward)
         done = terminated or truncated
@@ -55,11 +79,19 @@ class OnlineActor:
             next_observations=self._stored(next_observation),
         )
         if done:
-            self.observation, _ = self.env.reset()
+            self.observation = reset_observation
             self.queue.clear()
+            for result in self._ahead:  # The chunk's actions after the episode end never ran; their answers are None.
+                result()
+            self._ahead.clear()
         else:
             self.observation = next_observation
         return transition, info, done
+
+    def step(self, action):
+        """Takes one env step with `action`. Returns (transition, info, done)."""
+        self.send(action)
+        return self.receive()
 
 
 def episode_row(episodes):
@@ -85,6 +117,5 @@ def policy_actions(actors, sample_chunks):
         chunks = sample_chunks(observations, key_seeds, key_indices)  # (S, H * A)
         for actor, n, chunk in zip(actors, need, chunks, strict=True):
             if n:
-                actor.queue.push_chunk(chunk)
-                actor.chunks += 1
+                actor.push_chunk(chunk)
     return [actor.queue.pop() for actor in actors]

@@ -20,7 +20,7 @@ from utils.errors import UsageError
 # Driver flags that only set a key of the agent config, with the value they give when neither spelling is used.
 AGENT_ALIASES = dict(horizon_length=5, discount=0.99)
 # Old flag names, refused with the new name.
-RENAMED_FLAGS = dict(seed_chunk='seeds_per_vmap')
+RENAMED_FLAGS = dict(seed_chunk='seeds_per_vmap', env_threads='env_workers')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,10 +67,12 @@ class RunConfig:
     run_group: str = setting('Debug', 'Run group (folder under save_dir and wandb group).')
     seeds: tuple = setting((0,), 'Seeds trained in this process as one vmapped program, e.g. 0,1,2,3; each seed gets '
                            'its own run directory, as if run alone with --seed=s (--seed=s is --seeds=s).', kind=list)
-    env_threads: int = setting(1, 'With --seeds: threads that step the seeds\' environments side by side (1: one '
-                               'after another, measured faster for OGBench on an H200 node, where the '
-                               'environments\' Python holds the GIL; try more for environments whose step is mostly '
-                               'simulation). Results do not depend on it.', minimum=1)
+    env_workers: int = setting(-1, 'Worker processes that hold the training environments, and with --seeds the other '
+                               'seeds\' evaluation copies, dealt round-robin: a worker steps through each action '
+                               'chunk as soon as it is sampled, while this process trains, and the seeds\' '
+                               'environments step side by side (0: every environment in this process; -1: none for '
+                               'one seed, else one per seed, at most one per CPU core). Results do not depend on '
+                               'it.', minimum=-1)
     seeds_per_vmap: int = setting(0, 'With --seeds: seeds vmapped together, the others loop inside the same compiled '
                                   'call (0: all seeds on a GPU/TPU, 1 on a CPU).', minimum=0)
     env_name: str = setting('cube-triple-play-singletask-task2-v0', 'Environment (and dataset) name.')

@@ -152,11 +152,11 @@ def renders(run, observation_ndim):
 
 
 @contextlib.contextmanager
-def thread_pool(run, observation_ndim=1, workers=None):
-    """Threads for work on the seeds' environments: `workers` (default `--env_threads`), at most one per seed; None
-    for one seed, one thread, or environments that render. MuJoCo releases the GIL only while it simulates, so
-    threads pay where simulation dominates (building environments, heavy physics)."""
-    workers = min(workers or run.env_threads, run.num_seeds)
+def thread_pool(run, observation_ndim, workers):
+    """At most `workers` threads (one per seed) for work on the seeds' environments; None for one seed or thread, or
+    environments that render. MuJoCo releases the GIL only while it simulates, so threads pay where simulation
+    dominates (building environments, heavy physics)."""
+    workers = min(workers, run.num_seeds)
     if workers <= 1 or renders(run, observation_ndim):
         yield None
         return

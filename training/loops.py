@@ -8,7 +8,6 @@ These are the functions to edit to change what a run does; `training.trainer.Tra
 
 from training.actor import policy_actions
 from training.data import join_steps
-from training.lanes import map_lanes, thread_pool
 from training.schedule import block_end, every
 
 # Upper bound on the host memory of one block of pre-sampled offline batches (image observations are large).
@@ -72,8 +71,7 @@ def online_loop(run, agents, lanes, hooks):
     for lane in lanes:
         lane.start_online()
     pending = []  # Per step whose updates have not run yet: every seed's (utd_ratio, batch_size, ...) batch.
-    observation_ndim = lanes[0].dataset['observations'].ndim - 1
-    with hooks.phase_of('online', run.online_steps) as start, thread_pool(run, observation_ndim) as pool:
+    with hooks.phase_of('online', run.online_steps) as start:
         for i in range(start + 1, run.online_steps + 1):
             # After every `dataset_replace_interval` steps (when the reference's `main_online.py` loads one); the
             # training environment keeps its episode.
@@ -87,7 +85,7 @@ def online_loop(run, agents, lanes, hooks):
                 actions = [lane.actor.random_action() for lane in lanes]
             else:
                 actions = policy_actions([lane.actor for lane in lanes], agents.sample_chunks)
-            steps = map_lanes(pool, lambda lane, action: lane.actor.step(action), lanes, actions)  # seeds at once
+            steps = step_lanes(lanes, actions)  # the seeds' environments side by side where workers hold them
             for lane, (transition, env_info, done) in zip(lanes, steps, strict=True):
                 hooks.check_transition(lane, transition)
                 lane.replay.add_transition(transition)
@@ -104,6 +102,15 @@ def online_loop(run, agents, lanes, hooks):
                 info = run_updates(agents, pending, run.horizon_length)
                 pending = []
             hooks.step_done(i, info)
+
+
+def step_lanes(lanes, actions):
+    """Every seed's environment step with its action; (transition, info, done) per seed. All steps are sent before
+    any is received, so environments in worker processes (`--env_workers`) step side by side, and with this
+    process's own."""
+    for lane, action in zip(lanes, actions, strict=True):
+        lane.actor.send(action)
+    return [lane.actor.receive() for lane in lanes]
 
 
 def run_updates(agents, pending, horizon):

@@ -164,23 +164,39 @@ def plot_title(curves):
     return f'{title}, {steps} steps' if steps else title
 
 
-def plot_runs(run_dirs, out_path, metrics=('success', 'return'), group_by='auto', band='std'):
+def draw_published(ax, curve, color):
+    """Draws the published curve of a curve group's task and method (`sweeps/paper.py`) within its step range;
+    returns the line, or None where the paper has no such curve."""
+    from sweeps import paper
+
+    flags = curve['flags']
+    method, task = paper_method(flags), paper.published_task(str(flags.get('env_name', '')))
+    points = paper.curve(task, method) if method and task else None
+    if points is None:
+        return None
+    offset = paper.published_offset(offline_steps=int(flags.get('offline_steps') or 0))
+    steps = np.asarray(curve['steps'])
+    return paper.draw(ax, points, offset, (steps.min(), steps.max()), color=color, label=f'{method} (paper)')
+
+
+def plot_runs(run_dirs, out_path, metrics=('success', 'return'), group_by='auto', band='std', paper=False):
     """Plots eval curves of `run_dirs` into a PNG, one subplot per metric; returns `out_path` (see `draw_runs`)."""
     import matplotlib.pyplot as plt
 
-    fig = draw_runs(run_dirs, metrics=metrics, group_by=group_by, band=band)
+    fig = draw_runs(run_dirs, metrics=metrics, group_by=group_by, band=band, paper=paper)
     os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
     fig.savefig(out_path, dpi=120)
     plt.close(fig)
     return out_path
 
 
-def draw_runs(run_dirs, metrics=('success', 'return'), group_by='auto', band='std'):
+def draw_runs(run_dirs, metrics=('success', 'return'), group_by='auto', band='std', paper=False):
     """The matplotlib figure of `plot_runs`: one subplot per metric, titled with the env, method and H.
 
     Runs that differ only by seed form one group (see `aggregate_curves` for `group_by`); each group is drawn as its
     mean over runs (a marker at every evaluation) with a std (or `band='minmax'`) band; the offline/online
-    boundary is marked and success is drawn on a 0-1 axis.
+    boundary is marked and success is drawn on a 0-1 axis. With `paper`, each group's success axes also show the
+    paper's published curve of its task and method (`paper_method`), dashed, its offline/online boundary on ours.
     """
     import matplotlib
 
@@ -204,6 +220,8 @@ def draw_runs(run_dirs, metrics=('success', 'return'), group_by='auto', band='st
             else:
                 low, high = curve['mean'] - curve['std'], curve['mean'] + curve['std']
             ax.fill_between(curve['steps'], low, high, color=line.get_color(), alpha=0.2, linewidth=0)
+            if paper and metric == 'success':
+                draw_published(ax, curve, line.get_color())
         if not curves:
             ax.text(0.5, 0.5, f'no {metric} column', ha='center', va='center', transform=ax.transAxes)
         else:
@@ -240,9 +258,13 @@ def main(argv=None):
         help='average runs whose flags.json match up to seed and paths (auto: falls back to the parent directory)',
     )
     plot.add_argument('--band', choices=('std', 'minmax'), default='std', help='shaded band around the mean')
+    plot.add_argument('--paper', action='store_true',
+                      help="overlay the paper's published success curve of each run's task and method")  # fmt: skip
     args = parser.parse_args(argv)
     try:
-        out = plot_runs(args.run_dirs, args.out, metrics=args.metrics, group_by=args.group_by, band=args.band)
+        out = plot_runs(
+            args.run_dirs, args.out, metrics=args.metrics, group_by=args.group_by, band=args.band, paper=args.paper
+        )
     except FileNotFoundError as e:
         print(f'error: {e}', file=sys.stderr)
         return 1

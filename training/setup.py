@@ -3,6 +3,7 @@ written (run directories, data, environments, agents, disk space), then the logs
 """
 
 import dataclasses
+import functools
 import os
 import tempfile
 
@@ -10,8 +11,9 @@ import jax
 import numpy as np
 
 from envs.common import RENDERING_HINT, DataError, describe_error
-from envs.env_utils import make_run_envs, make_seed_envs
+from envs.env_utils import make_run_envs, seed_env_list
 from envs.gl_backend import rendering_disabled_reason
+from envs.workers import WorkerPool
 from log_utils import Loggers, get_exp_name, save_flags, setup_wandb
 from training import run_files
 from training.data import process_run_dataset, replay_capacity
@@ -99,9 +101,21 @@ def check_chunk_fits(dataset, run):
         )
 
 
+def env_worker_count(run):
+    """The environment worker processes of `run`: `--env_workers` (-1: none for one seed, else one per seed and at
+    most one per CPU core this process may use), at most one per set of environments to hold (the first seed's
+    training environment where there is an online phase, and each other seed's environments)."""
+    sets = run.num_seeds - 1 + (run.online_steps > 0)
+    if run.env_workers < 0:
+        return 0 if run.num_seeds == 1 else min(sets, len(os.sched_getaffinity(0)))
+    return min(run.env_workers, sets)
+
+
 def build_lanes(run):
-    """(run, lanes): one `Lane` per seed, with its environments and its view of the checked, processed offline
-    data. The returned run has videos turned off where nothing renders (said in one warning line)."""
+    """(run, lanes, workers): one `Lane` per seed, with its environments and its view of the checked, processed
+    offline data, and the `envs.workers.WorkerPool` holding the training environments and the other seeds'
+    evaluation copies with `--env_workers` (else None). The returned run has videos turned off where nothing
+    renders (said in one warning line)."""
     group_dir = os.path.join(run.save_dir, run.run_group or '')
     check_writable(group_dir)  # Fails early on an unwritable save_dir; nothing is created before the checks.
     base, names = seed_exp_names(run)
@@ -114,6 +128,16 @@ def build_lanes(run):
                     'or pick another --exp_name'
                 )
     num_eval_envs = max(1, min(run.eval_envs, run.eval_episodes + run.video_episodes))
+    def builder(seed, copies):
+        return functools.partial(seed_env_list, run.env_name, seed, num_eval_envs=copies, dataset_dir=run.dataset_dir,
+                                 frame_stack=run.frame_stack)  # fmt: skip
+
+    seed_builders = [builder(s, num_eval_envs) for s in run.seeds[1:]]
+    # Worker processes start first and build their environments while this process loads the data: the first
+    # seed's training environment (where there is an online phase), and all environments of the other seeds.
+    first = [builder(run.seed, 0)] if run.online_steps > 0 else []
+    num_workers = env_worker_count(run)
+    workers = WorkerPool([*first, *seed_builders], num_workers) if num_workers else None
     envs = make_run_envs(
         run.env_name, dataset_dir=run.dataset_dir, ogbench_dataset_dir=run.ogbench_dataset_dir, seed=run.seed,
         frame_stack=run.frame_stack, num_eval_envs=num_eval_envs, with_val=False,
@@ -128,22 +152,23 @@ def build_lanes(run):
     check_chunk_fits(envs.train_dataset, run)
     dataset = process_run_dataset(run, envs.train_dataset)
 
-    def seed_envs(s):
-        return make_seed_envs(
-            run.env_name, s, num_eval_envs=num_eval_envs, dataset_dir=run.dataset_dir, frame_stack=run.frame_stack
-        )
-
-    # The other seeds' environments are built side by side (each build touches only its own environments): 12.1 s
-    # -> 4.8 s for 8 seeds of cube on an H200 node (benchmarks/RESULTS.md).
-    with thread_pool(run, dataset['observations'].ndim - 1, workers=BUILD_THREADS) as pool:
-        other_envs = map_lanes(pool, seed_envs, run.seeds[1:])
-    lanes = [Lane(run.for_seed(run.seed), names[0], os.path.join(group_dir, names[0]), envs.env, envs.eval_envs,
+    train_env = envs.env  # Used for the checks above; with workers, a worker's copy steps.
+    if workers is not None:
+        other_envs = workers.env_lists()
+        if first:
+            [train_env], *other_envs = other_envs
+    else:
+        # Built side by side on threads (each build touches only its own environments): 12.1 s -> 4.8 s for 8 seeds
+        # of cube on an H200 node (benchmarks/RESULTS.md).
+        with thread_pool(run, dataset['observations'].ndim - 1, workers=BUILD_THREADS) as pool:
+            other_envs = map_lanes(pool, lambda build: build(), seed_builders)
+    lanes = [Lane(run.for_seed(run.seed), names[0], os.path.join(group_dir, names[0]), train_env, envs.eval_envs,
                   dataset, shards=envs.shards)]  # fmt: skip
-    for s, name, (env, eval_envs) in zip(run.seeds[1:], names[1:], other_envs, strict=True):
+    for s, name, (env, *eval_envs) in zip(run.seeds[1:], names[1:], other_envs, strict=True):
         lane_dataset = dataset.copy()  # Same arrays, own generator seeded like `--seed=s` alone.
         lane_dataset.seed(seeding.stream(s, 'dataset'))
         lanes.append(Lane(run.for_seed(s), name, os.path.join(group_dir, name), env, eval_envs, lane_dataset))
-    return run, lanes
+    return run, lanes, workers
 
 
 def create_agents(agent_classes, config, seeds, dataset, seeds_per_vmap='auto'):

@@ -24,7 +24,7 @@ class Trainer:
     def __init__(self, run, agent_classes):
         self.startup = StartupClock()
         self.compiles = CompileCounter(setup.use_compilation_cache(run.compilation_cache_dir))
-        self.run, self.lanes = setup.build_lanes(run)
+        self.run, self.lanes, self.workers = setup.build_lanes(run)
         self.startup.lap('envs and data')
         self.agents = setup.create_agents(
             agent_classes, self.run.agent, self.run.seeds, self.lanes[0].dataset, self.run.seeds_per_vmap or 'auto'
@@ -50,7 +50,15 @@ class Trainer:
 
     def train(self):
         """The offline phase, then the online phase (when `online_steps > 0`), then the summary."""
-        loops.train(self.run, self.agents, self.lanes, self.hooks)
+        try:
+            loops.train(self.run, self.agents, self.lanes, self.hooks)
+        finally:
+            self.close()
+
+    def close(self):
+        """Ends the environment worker processes (`--env_workers`), if any."""
+        if self.workers is not None:
+            self.workers.close()
 
     def finish(self, quiet=False):
         """Closes the logs (see `Hooks.finish`)."""

@@ -8,7 +8,6 @@ the newest transition to the oldest.
 
 from collections.abc import Mapping
 
-import jax
 import numpy as np
 
 AUG_PADDING = 3  # Pixels of edge padding before a random crop back to the original size (the reference's 3).
@@ -16,8 +15,8 @@ COMPARE_ROWS = 65536  # Rows compared at a time when building the compact layout
 
 
 def get_size(data):
-    """Number of transitions: the largest leading dimension among the arrays of `data`."""
-    return max(len(arr) for arr in jax.tree_util.tree_leaves(dict(data)))
+    """Number of transitions: the largest leading dimension among the arrays of `data` (nested mappings too)."""
+    return max(get_size(v) if isinstance(v, Mapping) else len(v) for v in data.values())
 
 
 def random_crop(images, rng, padding=AUG_PADDING):
