@@ -1,6 +1,7 @@
 """Sweeps of paper methods x environments x seeds: launch them (locally or on SLURM), follow them, tabulate them.
 
     python sweep.py launch SPEC DIR --executor=slurm --partition=gpu --gpus=1 --time=1440
+    python sweep.py launch SPEC DIR --executor=local --devices=0,1,2,3 --runs_per_device=2
     python sweep.py status DIR
     python sweep.py table DIR --out DIR/results.md --plots DIR/plots
 
@@ -27,7 +28,12 @@ def parser():
     launch.add_argument('spec', help='SPEC file (.yaml, .yml, .json or .py)')
     launch.add_argument('dir', help='sweep directory (runs, logs and job state go here)')
     launch.add_argument('--executor', choices=('local', 'slurm'), default='local')
-    launch.add_argument('--max_parallel', type=int, default=1, help='local: processes at once (default 1)')
+    launch.add_argument('--max_parallel', type=int,
+                        help='local: processes at once (default 1; with --devices, all the GPUs take)')  # fmt: skip
+    launch.add_argument('--devices', help='local: GPUs to spread the processes over, one GPU per process, e.g. 0,1,2,3 '
+                        'or all (default: every process sees every GPU)')  # fmt: skip
+    launch.add_argument('--runs_per_device', type=int, default=1,
+                        help='local, with --devices: processes per GPU at once (default 1)')  # fmt: skip
     launch.add_argument('--runs_per_job', type=int, default=1, help='slurm: processes side by side in one job')
     slurm = launch.add_argument_group('slurm options (default: the cluster default)')
     slurm.add_argument('--partition')
@@ -60,7 +66,8 @@ def main(argv):
             account=args.account, array_parallelism=args.array_parallelism, signal_delay=args.signal_delay,
             max_timeouts=args.max_timeouts,
         )  # fmt: skip
-        launch(args.spec, args.dir, args.executor, args.max_parallel, args.runs_per_job, options)
+        launch(args.spec, args.dir, args.executor, args.max_parallel, args.runs_per_job, options, args.devices,
+               args.runs_per_device)  # fmt: skip
     elif args.command == 'status':
         from sweeps.report import status_lines
 

@@ -62,27 +62,32 @@ def _ignore_usr2():
 class Job:
     """Runs `units` (list of (unit name, argv)) as parallel subprocesses in `cwd`; see the module docstring.
 
-    Several processes in one job share its GPUs, so then JAX does not preallocate GPU memory.
+    Several processes in one job share its GPUs, so then JAX does not preallocate GPU memory. `device` (a GPU index
+    for `CUDA_VISIBLE_DEVICES`) puts the processes on that one GPU; `shared` says other processes use it too.
     """
 
-    def __init__(self, sweep_dir, units, cwd):
+    def __init__(self, sweep_dir, units, cwd, device=None, shared=False):
         self.sweep_dir = sweep_dir
         self.units = list(units)
         self.cwd = cwd
+        self.device = device
+        self.shared = shared
         self._procs = {}
         self._codes = {}
 
     def __getstate__(self):
         # submitit pickles the job; its processes and lock belong to the process running it.
-        return dict(sweep_dir=self.sweep_dir, units=self.units, cwd=self.cwd)
+        return dict(sweep_dir=self.sweep_dir, units=self.units, cwd=self.cwd, device=self.device, shared=self.shared)
 
     def __setstate__(self, state):
         self.__init__(**state)
 
     def _env(self):
         env = dict(os.environ)
-        if len(self.units) > 1:
+        if len(self.units) > 1 or self.shared:
             env['XLA_PYTHON_CLIENT_PREALLOCATE'] = 'false'
+        if self.device is not None:
+            env['CUDA_VISIBLE_DEVICES'] = str(self.device)
         return env
 
     def __call__(self):
@@ -91,20 +96,22 @@ class Job:
         log_dir = os.path.join(self.sweep_dir, JOBS_DIR)
         os.makedirs(log_dir, exist_ok=True)
         waiters = []
+        env = self._env()
+        gpu = '' if self.device is None else f' CUDA_VISIBLE_DEVICES={env["CUDA_VISIBLE_DEVICES"]}'
         for name, argv in self.units:
             out = open(os.path.join(log_dir, f'{name}.out'), 'ab')
             err = open(os.path.join(log_dir, f'{name}.err'), 'ab')
-            banner = f'=== {time.strftime("%Y-%m-%d %H:%M:%S")} {socket.gethostname()} job {job_id or "local"}\n'
+            banner = f'=== {time.strftime("%Y-%m-%d %H:%M:%S")} {socket.gethostname()} job {job_id or "local"}{gpu}\n'
             for f in (out, err):
                 f.write(banner.encode())
                 f.flush()
             # Own session: a Ctrl-C meant for the launcher reaches the driver once, as `stop`'s SIGTERM.
             proc = subprocess.Popen(
-                argv, cwd=self.cwd, env=self._env(), stdout=out, stderr=err, preexec_fn=_ignore_usr2,
-                start_new_session=True,
+                argv, cwd=self.cwd, env=env, stdout=out, stderr=err, preexec_fn=_ignore_usr2, start_new_session=True,
             )  # fmt: skip
             self._procs[name] = proc
-            write_state(self.sweep_dir, name, state='running', pid=proc.pid, host=socket.gethostname(), job=job_id)
+            write_state(self.sweep_dir, name, state='running', pid=proc.pid, host=socket.gethostname(), job=job_id,
+                        device=self.device)  # fmt: skip
             waiter = threading.Thread(target=self._wait, args=(name, proc, out, err, job_id), daemon=True)
             waiter.start()
             waiters.append(waiter)

@@ -1,11 +1,15 @@
 """`sweep.py launch`: validate a SPEC, record it in the sweep directory, and submit every run not yet finished."""
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import json
 import os
+import re
 import shutil
 import signal
+import subprocess
+import threading
 
 from sweeps import jobs
 from sweeps.report import is_finished, run_dir, unit_active
@@ -78,15 +82,63 @@ def plan(spec_path, sweep_dir):
     return runs, per_process, units, todo, active
 
 
-def launch(spec_path, sweep_dir, executor='local', max_parallel=1, runs_per_job=1, slurm=None):
-    """Submits every unfinished run of the SPEC; returns the number of processes submitted (local: run)."""
+def listed_gpus():
+    """The GPU indices `nvidia-smi -L` lists (as strings), or None where it cannot be asked."""
+    if shutil.which('nvidia-smi') is None:
+        return None
+    try:
+        out = subprocess.run(['nvidia-smi', '-L'], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    return [m.group(1) for m in re.finditer(r'^GPU (\d+):', out.stdout, flags=re.MULTILINE)]
+
+
+def parse_devices(text):
+    """The GPUs of `--devices`: `all` (the visible ones: `CUDA_VISIBLE_DEVICES`, else what `nvidia-smi -L` lists) or
+    a comma-separated list of distinct GPU indices, each one the machine has where `nvidia-smi -L` can tell."""
+    listed = listed_gpus()
+    if text == 'all':
+        visible = [d.strip() for d in os.environ.get('CUDA_VISIBLE_DEVICES', '').split(',') if d.strip()]
+        devices = visible or listed
+        if not devices:
+            raise UserError('--devices=all: no GPU is visible here (CUDA_VISIBLE_DEVICES is unset and nvidia-smi -L '
+                            'lists none); name the GPUs, e.g. --devices=0,1')  # fmt: skip
+        return devices
+    devices = [d.strip() for d in text.split(',')]
+    if not all(re.fullmatch(r'\d+', d) for d in devices):
+        raise UserError(f'--devices={text}: expected all or GPU indices separated by commas, e.g. --devices=0,1,2,3')
+    devices = [str(int(d)) for d in devices]
+    repeated = sorted({d for d in devices if devices.count(d) > 1}, key=int)
+    if repeated:
+        raise UserError(f'--devices={text} names GPU {", ".join(repeated)} twice; use --runs_per_device for several '
+                        'processes per GPU')  # fmt: skip
+    missing = [d for d in devices if listed is not None and d not in listed]
+    if missing:
+        raise UserError(f'--devices={text}: this machine has no GPU {", ".join(missing)} (nvidia-smi -L lists '
+                        f'{", ".join(listed) or "none"})')  # fmt: skip
+    return devices
+
+
+def launch(spec_path, sweep_dir, executor='local', max_parallel=None, runs_per_job=1, slurm=None, devices=None,
+           runs_per_device=1):  # fmt: skip
+    """Submits every unfinished run of the SPEC; returns the number of processes submitted (local: run).
+
+    Local: `max_parallel` processes at a time (default 1); with `devices` (see `parse_devices`), each process gets one
+    of them as its only GPU, at most `runs_per_device` processes per GPU at a time (default for `max_parallel`: all
+    of them)."""
     sweep_dir = os.path.abspath(sweep_dir)
     if executor not in ('local', 'slurm'):
         raise UserError(f'--executor must be local or slurm; got {executor!r}')
-    if max_parallel < 1 or runs_per_job < 1:
-        raise UserError('--max_parallel and --runs_per_job must be at least 1')
+    if (max_parallel is not None and max_parallel < 1) or runs_per_job < 1 or runs_per_device < 1:
+        raise UserError('--max_parallel, --runs_per_job and --runs_per_device must be at least 1')
+    if executor == 'slurm' and devices is not None:
+        raise UserError('--devices is for --executor=local; on SLURM each job gets its GPUs from --gpus, and '
+                        '--runs_per_job packs processes into a job')  # fmt: skip
     if executor == 'slurm' and shutil.which('sbatch') is None:
         raise UserError('--executor=slurm needs sbatch on PATH (run on a SLURM login node), or use --executor=local')
+    devices = parse_devices(devices) if devices is not None else None
     runs, per_process, units, todo, active = plan(spec_path, sweep_dir)
     _record(sweep_dir, runs, per_process, read_sweep(sweep_dir))
     done = len(units) - len(todo) - active
@@ -96,16 +148,44 @@ def launch(spec_path, sweep_dir, executor='local', max_parallel=1, runs_per_job=
         return 0
     argvs = [(unit.name, unit.argv(sweep_dir)) for unit in todo]
     if executor == 'local':
-        run_local(sweep_dir, argvs, max_parallel)
+        run_local(sweep_dir, argvs, max_parallel, devices, runs_per_device)
     else:
         submit_slurm(sweep_dir, argvs, runs_per_job, slurm or SlurmOptions())
     return len(todo)
 
 
-def run_local(sweep_dir, argvs, max_parallel):
-    """Runs the processes on this machine, `max_parallel` at a time, until all have exited. SIGTERM/SIGINT asks
-    every running driver to checkpoint and stop; launching again continues them."""
-    job_list = [jobs.Job(sweep_dir, [item], cwd=ROOT) for item in argvs]
+class DevicePool:
+    """Hands each process the least-loaded GPU of `devices` that runs fewer than `per_device` processes, waiting
+    while every GPU is full, and takes it back when the process ends."""
+
+    def __init__(self, devices, per_device):
+        self.load = dict.fromkeys(devices, 0)
+        self.per_device = per_device
+        self.free = threading.Condition()
+
+    @contextlib.contextmanager
+    def device(self):
+        with self.free:
+            self.free.wait_for(lambda: min(self.load.values()) < self.per_device)
+            device = min(self.load, key=self.load.get)  # least loaded; ties go to the first listed
+            self.load[device] += 1
+        try:
+            yield device
+        finally:
+            with self.free:
+                self.load[device] -= 1
+                self.free.notify()
+
+
+def run_local(sweep_dir, argvs, max_parallel=None, devices=None, runs_per_device=1):
+    """Runs the processes on this machine until all have exited: `max_parallel` at a time (default 1), or with
+    `devices` one GPU each, at most `runs_per_device` per GPU (see `launch`). SIGTERM/SIGINT asks every running
+    driver to checkpoint and stop; launching again continues them."""
+    job_list = [jobs.Job(sweep_dir, [item], cwd=ROOT, shared=devices is not None and runs_per_device > 1)
+                for item in argvs]  # fmt: skip
+    pool = DevicePool(devices, runs_per_device) if devices else None
+    capacity = len(devices) * runs_per_device if devices else 1
+    max_parallel = min(max_parallel or capacity, capacity) if devices else max_parallel or 1
     stopping = []
 
     def stop(signum, frame):
@@ -113,13 +193,22 @@ def run_local(sweep_dir, argvs, max_parallel):
         for job in job_list:
             job.stop()
 
+    def run_job(job):
+        if stopping:
+            return None
+        if pool is None:
+            return job()
+        with pool.device() as device:
+            job.device = device
+            return None if stopping else job()
+
     previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
     failed = []
     try:
-        with concurrent.futures.ThreadPoolExecutor(max_parallel) as pool:
+        with concurrent.futures.ThreadPoolExecutor(max_parallel) as executor:
             futures = {}
             for job in job_list:
-                futures[pool.submit(lambda j=job: None if stopping else j())] = job
+                futures[executor.submit(run_job, job)] = job
             for future in concurrent.futures.as_completed(futures):
                 codes = future.result() or {}
                 failed += [name for name, code in codes.items() if code != 0]

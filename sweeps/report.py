@@ -92,6 +92,8 @@ def run_status(sweep_dir, name, unit_name=None, queue=None):
     if state is None:
         return dict(info, state='pending', note='' if info['step'] is None else 'interrupted; launch again')
     where = f'job {state["job"]}' if state.get('job') else f'pid {state.get("pid")} on {state.get("host")}'
+    if state.get('device') is not None:
+        where += f', GPU {state["device"]}'
     if state['state'] == 'failed':
         return dict(info, state='failed', note=state.get('error') or f'exit status {state.get("returncode")}')
     if state['state'] in ACTIVE:

@@ -2,8 +2,11 @@
 real single-node SLURM cluster (started by the test with scripts/slurm_local.sh)."""
 
 import getpass
+import glob
 import json
 import os
+import re
+import socket
 import subprocess
 import sys
 
@@ -11,7 +14,7 @@ import numpy as np
 import pytest
 from helpers import ROOT, fake_run, generate_cube_single, read_csv, subprocess_env
 
-from sweeps import presets, report, spec
+from sweeps import jobs, launch, presets, report, spec
 from utils.checkpoints import checkpoint_steps
 from utils.errors import UserError
 
@@ -178,6 +181,67 @@ def test_table_and_plots_from_run_directories(tmp_path):
     assert [os.path.basename(p) for p in paths] == [f'{ENV}.png'] and os.path.getsize(paths[0]) > 0
 
 
+# Local processes on GPUs.
+
+
+def test_local_processes_get_one_gpu_each_at_most_k_per_gpu(tmp_path):
+    # Each process records the CUDA_VISIBLE_DEVICES and preallocation setting it saw, and when it ran.
+    script = ('import os, sys, time; t = time.time(); time.sleep(0.5); open(sys.argv[1], "w").write(" ".join(['
+              'os.environ.get("CUDA_VISIBLE_DEVICES", "-"), os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE", "-"), '
+              'str(t), str(time.time())]))')  # fmt: skip
+    names = [f'u{i}' for i in range(10)]
+    argvs = [(name, [sys.executable, '-c', script, str(tmp_path / f'{name}.seen')]) for name in names]
+    launch.run_local(str(tmp_path), argvs, devices=['0', '1'], runs_per_device=2)
+    seen = {name: (tmp_path / f'{name}.seen').read_text().split() for name in names}
+    assert all(v[0] in ('0', '1') and v[1] == 'false' for v in seen.values()), seen  # one GPU each, no prealloc
+    assert {v[0] for v in seen.values()} == {'0', '1'}
+    most = 0
+    for device in ('0', '1'):
+        spans = [(float(v[2]), float(v[3])) for v in seen.values() if v[0] == device]
+        most = max(most, *(sum(s <= start < e for s, e in spans) for start, _ in spans))
+    assert most == 2  # two processes shared a GPU at some point, never three
+    assert {jobs.read_state(str(tmp_path), name)['state'] for name in names} == {'exited'}
+    # `sweep.py status` names the GPU of a running process.
+    jobs.write_state(str(tmp_path), 'u0', state='running', pid=os.getpid(), host=socket.gethostname(), device='1')
+    status = report.run_status(str(tmp_path), 'u0')
+    assert status['state'] == 'running' and status['note'].endswith(', GPU 1'), status
+
+
+@pytest.mark.parametrize(
+    'kwargs, message',
+    [
+        (dict(devices='0,0'), 'names GPU 0 twice'),
+        (dict(devices='0,gpu1'), 'expected all or GPU indices separated by commas'),
+        (dict(devices=''), 'expected all or GPU indices'),
+        (dict(devices='0', runs_per_device=0), 'must be at least 1'),
+        (dict(devices='0', executor='slurm'), '--devices is for --executor=local'),
+        (dict(devices='0,5'), 'this machine has no GPU 5 (nvidia-smi -L lists 0, 1)'),
+        (dict(devices='all'), 'no GPU is visible here'),
+    ],
+)
+def test_bad_device_settings_are_refused_before_anything_starts(tmp_path, monkeypatch, kwargs, message):
+    monkeypatch.delenv('CUDA_VISIBLE_DEVICES', raising=False)
+    monkeypatch.setattr(launch, 'listed_gpus', lambda: None if kwargs.get('devices') == 'all' else ['0', '1'])
+    sweep_dir = tmp_path / 'sweep'
+    with pytest.raises(UserError, match=re.escape(message)):
+        launch.launch(str(tmp_path / 'spec.json'), str(sweep_dir), **kwargs)
+    assert not sweep_dir.exists()
+
+
+def test_devices_all_reads_the_visible_gpus(monkeypatch):
+    monkeypatch.setattr(launch, 'listed_gpus', lambda: ['0', '1', '2', '3'])
+    monkeypatch.setenv('CUDA_VISIBLE_DEVICES', '2,3')
+    assert launch.parse_devices('all') == ['2', '3']
+    monkeypatch.delenv('CUDA_VISIBLE_DEVICES')
+    assert launch.parse_devices('all') == ['0', '1', '2', '3'] and launch.parse_devices(' 3, 1') == ['3', '1']
+
+
+def test_a_bad_device_list_ends_with_one_line(tmp_path):
+    proc = sweep('launch', str(tmp_path / 'spec.json'), str(tmp_path / 'sweep'), '--devices=1,1')
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [proc.stderr.strip()], proc.stderr
+    assert 'names GPU 1 twice' in proc.stderr and not (tmp_path / 'sweep').exists()
+
+
 # Tiny sweeps.
 
 
@@ -191,7 +255,9 @@ def check_finished_sweep(sweep_dir):
     assert table.returncode == 0, table.stderr
     rows = [line.split(' | ') for line in table.stdout.splitlines() if line.startswith(f'| {ENV}')]
     assert [(r[1], r[2]) for r in rows] == [('QC', '2'), ('RLPD-AC', '2')], table.stdout
-    assert rows[0][3] != '-' and rows[0][4] != '-' and rows[1][3] == '-' and rows[1][4] != '-'
+    # Our offline and online ends (columns 3 and 5; 4 and 6 hold the paper's, which has no cube-single row).
+    assert rows[0][3] != '-' and rows[0][5] != '-' and rows[1][3] == '-' and rows[1][5] != '-'
+    assert rows[0][4] == 'no published row'
     assert os.path.isfile(os.path.join(sweep_dir, 'plots', f'{ENV}.png'))
     return lines
 
@@ -199,9 +265,13 @@ def check_finished_sweep(sweep_dir):
 def test_local_sweep_runs_skips_finished_runs_and_tabulates(data_dir, tmp_path):
     path = write_spec(tmp_path / 'spec.json', data_dir)
     sweep_dir = str(tmp_path / 'sweep')
-    proc = sweep('launch', path, sweep_dir, '--executor=local', '--max_parallel=2')
+    # Two (pretend) GPUs, two processes each: on a CPU the drivers run as usual, each told its one GPU.
+    proc = sweep('launch', path, sweep_dir, '--executor=local', '--devices=0,1', '--runs_per_device=2')
     assert proc.returncode == 0, proc.stdout + proc.stderr
     check_finished_sweep(sweep_dir)
+    for out in glob.glob(os.path.join(sweep_dir, jobs.JOBS_DIR, '*.out')):
+        banners = [line for line in open(out) if line.startswith('=== ')]
+        assert len(banners) == 1 and re.search(r' CUDA_VISIBLE_DEVICES=[01]$', banners[0].strip()), banners
     again = sweep('launch', path, sweep_dir, '--executor=local')
     assert again.returncode == 0 and '4 finished, 0 queued or running, 0 to start' in again.stdout, again.stdout
 
