@@ -1,7 +1,7 @@
 """Environments held by worker processes, so that environments step while the driver trains, and side by side.
 
 An `EnvWorker` is a child Python process (it imports `envs`, neither JAX nor the driver) that builds its
-environments from picklable builders and serves `step`, `steps`, `reset`, `render` and `call` requests over a
+environments from picklable builders and serves `step`, `steps`, `reset` and `render` requests over a
 socket, in the order they arrive. Its environments are reached through `RemoteEnv` handles. Stepping is split in
 two: `step_async(env, action)` and `steps_async(env, actions)` send the work (or, for an environment of this
 process, defer it) and return the functions that deliver the results, so that a caller sends first and collects
@@ -103,7 +103,7 @@ class EnvWorker:
 
 
 class RemoteEnv:
-    """Environment `index` of a worker: `step`, `reset`, `render` and `call(fn)` (runs `fn(env)` in the worker)."""
+    """Environment `index` of a worker: `step_async`, `steps_async`, `reset` and `render`."""
 
     def __init__(self, worker, index):
         self.worker, self.index = worker, index
@@ -121,17 +121,12 @@ class RemoteEnv:
         first = self.worker.request('steps', self.index, (actions, state_fn), answers=len(actions))
         return [functools.partial(self.worker.result, first + i) for i in range(len(actions))]
 
-    def step(self, action):
-        return self._call('step', action)
-
     def reset(self, **kwargs):
         return self._call('reset', kwargs)
 
     def render(self):
         return self._call('render')
 
-    def call(self, fn):
-        return self._call('call', fn)
 
 
 def step_async(env, action):
@@ -171,11 +166,6 @@ def steps_async(env, actions, state_fn=None):
     return [functools.partial(run, action) for action in actions]
 
 
-def call_env(env, fn):
-    """`fn(env)`, run where the environment lives."""
-    return env.call(fn) if isinstance(env, RemoteEnv) else fn(env)
-
-
 class WorkerPool:
     """`builders` dealt round-robin to `num_workers` worker processes (fewer when there are fewer builders), which
     build at the same time; `env_lists()` waits for them."""
@@ -203,8 +193,6 @@ def _answer(envs, command, index, argument):
         return env.reset(**argument)
     if command == 'render':
         return env.render()
-    if command == 'call':
-        return argument(env)
     raise ValueError(f'unknown request {command!r}')
 
 

@@ -12,7 +12,7 @@ from helpers import ROOT
 from envs.common import EnvError
 from envs.env_state import get_env_state
 from envs.env_utils import seed_env_list
-from envs.workers import EnvWorkerError, WorkerPool, call_env, step_async
+from envs.workers import EnvWorkerError, WorkerPool, step_async, steps_async
 
 ENV = 'cube-single-play-singletask-task2-v0'
 
@@ -41,8 +41,13 @@ def test_worker_environments_step_as_local_ones(cube_dir):
             for (oa, ra, *_), (ob, rb, *_) in zip(steps(local, actions), steps(remote, actions), strict=True):
                 np.testing.assert_array_equal(oa, ob)
                 assert ra == rb
-        remote_state, local_state = call_env(remote[0], get_env_state), call_env(local[0], get_env_state)
-        np.testing.assert_array_equal(remote_state['qpos'], local_state['qpos'])
+        # A chunk sent ahead, with the simulator state after each step: the same as stepping here.
+        chunk = rng.uniform(-1, 1, size=(3, local[0].action_space.shape[0])).astype(np.float32)
+        here = [r() for r in steps_async(local[0], chunk, get_env_state)]
+        there = [r() for r in steps_async(remote[0], chunk, get_env_state)]
+        for (step_a, state_a, _), (step_b, state_b, _) in zip(here, there, strict=True):
+            np.testing.assert_array_equal(step_a[0], step_b[0])
+            np.testing.assert_array_equal(state_a['qpos'], state_b['qpos'])
     finally:
         pool.close()
     assert pool.workers[0].process.poll() is not None
@@ -63,10 +68,10 @@ def test_a_dead_worker_is_named(cube_dir):
         env = pool.env_lists()[0][0]
         action = np.zeros(5, dtype=np.float32)
         env.reset()
-        env.step(action)
+        step_async(env, action)()
         pool.workers[0].process.kill()
         with pytest.raises(EnvWorkerError, match=r'an environment worker process exited \(status -9\)'):
-            env.step(action)
+            step_async(env, action)()
     finally:
         pool.close()
 

@@ -128,6 +128,7 @@ def build_lanes(run):
                     'or pick another --exp_name'
                 )
     num_eval_envs = max(1, min(run.eval_envs, run.eval_episodes + run.video_episodes))
+
     def builder(seed, copies):
         return functools.partial(seed_env_list, run.env_name, seed, num_eval_envs=copies, dataset_dir=run.dataset_dir,
                                  frame_stack=run.frame_stack)  # fmt: skip
