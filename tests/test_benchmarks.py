@@ -1,13 +1,17 @@
-"""The benchmark suite: its matmul accounting, and a `--quick` run end to end (what CI runs)."""
+"""The benchmark suite: its matmul accounting, a `--quick` run end to end (what CI runs), and the statistics and run
+reading of the comparison with the reference."""
 
 import json
+import os
 import subprocess
 import sys
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from helpers import ROOT, subprocess_env
 
+from benchmarks import reference_curves
 from benchmarks.updates import dot_flops, dot_ops
 
 
@@ -52,3 +56,57 @@ def test_quick_suite_runs(tmp_path):
     assert all(r['seed_ups'] > 0 for r in results['seeds']['updates'])
     assert results['seeds']['replay'][-1]['shared_start_mb'] < results['seeds']['replay'][-1]['copies_mb']
     assert 'Targets' in proc.stdout or results['targets'] is not None
+
+
+def write_eval_csv(path, columns, rows):
+    """An eval.csv with `columns` (in the writer's order) and rows of {column: value}."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, 'w') as f:
+        f.write(','.join(columns) + '\n')
+        f.writelines(','.join(str(row.get(c, 0.0)) for c in columns) + '\n' for row in rows)
+
+
+def test_reference_comparison_statistics():
+    rng = np.random.default_rng(0)
+    same = [0.2, 0.4, 0.6, 0.8]
+    assert reference_curves.permutation_p(same, same, rng) == 1.0
+    assert reference_curves.permutation_p([0.0] * 8, [1.0] * 8, rng) < 0.01
+    mean, low, high = reference_curves.bootstrap_mean(same, rng)
+    assert mean == 0.5 and 0.2 <= low < 0.5 < high <= 0.8
+    diff, low, high = reference_curves.bootstrap_difference([1.0, 1.0], [0.0, 0.5], rng)
+    assert diff == 0.75 and low == 0.5 and high == 1.0
+    # The area under a curve is its mean height over the steps' range (trapezoids), whatever the spacing.
+    assert reference_curves.area_under_curve({10: 0.0, 20: 1.0, 40: 1.0}, [10, 20, 40]) == (0.5 * 10 + 20) / 30
+
+
+def test_reference_comparison_reads_both_codes_runs(tmp_path):
+    """`--report_only` over runs laid out as each code writes them: only finished runs count, steps all reached."""
+    ours = ['step', 'episode.return', 'success']
+    reference = ['avg_gripper_contact_length', 'success', 'episode.return', 'step']
+    for seed, (a, b) in enumerate([(0.5, 0.0), (1.0, 0.5)]):
+        write_eval_csv(tmp_path / f'ours/seed{seed}/Debug/seed{seed}/eval.csv', ours,
+                       [dict(step=10, success=0.0), dict(step=20, success=a)])  # fmt: skip
+        write_eval_csv(tmp_path / f'reference/seed{seed}/qc/Debug/env/sd00{seed}_x/eval.csv', reference,
+                       [dict(step=10, success=0.0), dict(step=20, success=b)])  # fmt: skip
+    write_eval_csv(tmp_path / 'ours/seed2/Debug/seed2/eval.csv', ours, [dict(step=10, success=1.0)])  # unfinished
+    out = tmp_path / 'result.json'
+    proc = subprocess.run(
+        [sys.executable, '-m', 'benchmarks.reference_curves', '--report_only', f'--work_dir={tmp_path}',
+         '--online_steps=20', f'--out={out}'],
+        cwd=ROOT, env=subprocess_env(), capture_output=True, text=True,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert '| 20 | 0.750 [0.50, 1.00] | 0.250 [0.00, 0.50] | +0.500' in proc.stdout
+    result = json.loads(out.read_text())
+    assert result['seeds'] == {'ours': 2, 'reference': 2}
+    assert [r['step'] for r in result['rows']] == [10, 20, 'auc']
+
+
+def test_reference_comparison_refuses_a_folder_that_is_not_the_reference(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, '-m', 'benchmarks.reference_curves', f'--reference={tmp_path}', f'--work_dir={tmp_path}'],
+        cwd=ROOT, env=subprocess_env(), capture_output=True, text=True,
+    )  # fmt: skip
+    assert proc.returncode != 0
+    assert proc.stderr.strip().splitlines() == [f'error: {tmp_path} is not a checkout of the reference (no '
+                                                'main_online.py there)']  # fmt: skip

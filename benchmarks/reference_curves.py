@@ -1,0 +1,302 @@
+"""Learning curves of this project against the reference implementation (github ColinQiyangLi/qc), run side by side
+on the same generated data with the same flags: several seeds each, compared at every evaluation step and by the
+area under the curve, with bootstrap intervals and a permutation test.
+
+    python -m benchmarks.reference_curves --reference=/path/to/qc            # 12 seeds of each, then the table
+    python -m benchmarks.reference_curves --reference=/path/to/qc --seeds=4 --online_steps=5000
+    python -m benchmarks.reference_curves --report_only                      # the table of the runs on disk
+
+`--reference` is a checkout of the reference (bring it with the search tool's fetch; never part of this project).
+Runs go to `--work_dir`, one folder per code and seed; a run whose `eval.csv` reaches the last step is kept, so an
+interrupted comparison continues where it stopped. Seeds are interleaved (ours 0, reference 0, ours 1, ...) so a
+comparison cut short still holds as many seeds of each. `--jobs` runs at once, each pinned to its own CPU core.
+
+The data is OGBench's cube-single play data made by `envs.generate_ogbench` (60 episodes unless it is already in
+`--data_dir`); the reference finds it through a private HOME (`~/.ogbench/data` links to it), so it downloads
+nothing. The reference imports robomimic (whose PyPI package needs mujoco_py) and calls wandb with settings the
+installed wandb refuses, so it runs with two stub modules first on its PYTHONPATH (written here); neither changes
+what it computes: robomimic is unused for OGBench tasks and wandb only logs.
+"""
+
+import argparse
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+from benchmarks.common import machine_info
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DATASET = 'cube-single-play-v0'
+DATA_EPISODES = 60
+
+# Flags both codes accept, per comparison: (driver script, flags). The steps and evaluation settings come from the
+# command line.
+PRESETS = {
+    'qc-rlpd': ('main_online.py', [
+        '--env_name=cube-single-play-singletask-task1-v0', '--agent=agents/acrlpd.py', '--agent.bc_alpha=0.01',
+        '--horizon_length=5', '--agent.actor_hidden_dims=(128,128)', '--agent.value_hidden_dims=(128,128)',
+        '--agent.batch_size=128',
+    ]),
+}  # fmt: skip
+
+# Stub modules the reference imports; see the module docstring.
+STUBS = {
+    'robomimic/__init__.py': 'DATASET_REGISTRY = {}\n',
+    'robomimic/utils/__init__.py': '',
+    'robomimic/utils/env_utils.py': '',
+    'robomimic/utils/file_utils.py': '',
+    'robomimic/utils/obs_utils.py': 'def initialize_obs_modality_mapping_from_dict(*args, **kwargs):\n    pass\n',
+    'wandb.py': (
+        'class _Run:\n    project = "qc"\n    url = ""\n\n    def save(self, *args, **kwargs):\n        pass\n\n\n'
+        'run = None\n\n\ndef init(**kwargs):\n    global run\n    run = _Run()\n    return run\n\n\n'
+        'def log(*args, **kwargs):\n    pass\n\n\ndef Settings(**kwargs):\n    return None\n\n\n'
+        'class Image:\n    pass\n\n\nclass Video:\n    pass\n\n\nclass Histogram:\n    pass\n'
+    ),
+}
+
+CODES = ('ours', 'reference')
+
+
+def run_flags(args):
+    """(script, flags) of one run of the comparison, without the seed and the output folder."""
+    script, flags = PRESETS[args.preset]
+    return script, [
+        *flags, f'--online_steps={args.online_steps}', f'--start_training={args.start_training}',
+        f'--eval_interval={args.eval_interval}', f'--eval_episodes={args.eval_episodes}', '--log_interval=5000',
+    ]  # fmt: skip
+
+
+def eval_csv(work_dir, code, seed):
+    """The eval.csv of a run (None before it exists)."""
+    pattern = {'ours': 'Debug/*/eval.csv', 'reference': 'qc/Debug/*/*/eval.csv'}[code]
+    found = sorted(glob.glob(os.path.join(work_dir, code, f'seed{seed}', pattern)))
+    return found[-1] if found else None
+
+
+def read_curve(path):
+    """{step: success} of an eval.csv (both codes write `step` and `success` columns)."""
+    import csv
+
+    with open(path) as f:
+        return {int(float(row['step'])): float(row['success']) for row in csv.DictReader(f)}
+
+
+def finished(work_dir, code, seed, last_step):
+    path = eval_csv(work_dir, code, seed)
+    return path is not None and last_step in read_curve(path)
+
+
+def prepare(args):
+    """The data (generated when missing), the reference's private HOME and its stub modules."""
+    data_dir = os.path.abspath(args.data_dir)
+    if not os.path.exists(os.path.join(data_dir, f'{DATASET}.npz')):
+        print(f'generating {DATASET} ({DATA_EPISODES} episodes) in {data_dir}', flush=True)
+        subprocess.run(
+            [sys.executable, '-m', 'envs.generate_ogbench', f'--env_name={DATASET}',
+             f'--num_episodes={DATA_EPISODES}', f'--save_dir={data_dir}'],
+            cwd=ROOT, check=True, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+    home = os.path.join(args.work_dir, 'reference_home')
+    links = os.path.join(home, '.ogbench', 'data')
+    os.makedirs(links, exist_ok=True)
+    for name in (f'{DATASET}.npz', f'{DATASET}-val.npz'):
+        link = os.path.join(links, name)
+        if not os.path.lexists(link):
+            os.symlink(os.path.join(data_dir, name), link)
+    stubs = os.path.join(args.work_dir, 'reference_stubs')
+    for rel, text in STUBS.items():
+        path = os.path.join(stubs, rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, 'w') as f:
+            f.write(text)
+    return data_dir, home, stubs
+
+
+def command(args, code, seed, data_dir, home, stubs):
+    """(argv, cwd, env) of one run."""
+    script, flags = run_flags(args)
+    out = os.path.join(os.path.abspath(args.work_dir), code, f'seed{seed}')
+    # One thread per process: `--jobs` processes share the cores, each pinned to its own.
+    env = dict(os.environ, XLA_FLAGS='--xla_cpu_multi_thread_eigen=false', PYTHONUNBUFFERED='1')
+    if code == 'ours':
+        argv = [sys.executable, script, *flags, f'--seed={seed}', f'--save_dir={out}', f'--exp_name=seed{seed}',
+                f'--dataset_dir={data_dir}']  # fmt: skip
+        env.update(WANDB_MODE='disabled')
+        cwd = ROOT
+    else:
+        argv = [sys.executable, script, *flags, f'--seed={seed}', f'--save_dir={out}']
+        env.update(HOME=home, PYTHONPATH=os.pathsep.join([stubs, os.path.abspath(args.reference)]))
+        cwd = os.path.abspath(args.reference)
+    return argv, cwd, env, out
+
+
+def run_all(args):
+    """Runs every missing (code, seed) pair, `--jobs` at a time, interleaving the codes seed by seed."""
+    if not os.path.isfile(os.path.join(args.reference, PRESETS[args.preset][0])):
+        sys.exit(f'error: {args.reference} is not a checkout of the reference (no {PRESETS[args.preset][0]} there)')
+    data_dir, home, stubs = prepare(args)
+    todo = [(code, seed) for seed in range(args.seeds) for code in CODES
+            if not finished(args.work_dir, code, seed, args.online_steps)]  # fmt: skip
+    cores = os.cpu_count() or 1
+    running = {}  # slot -> (code, seed, process, started, log file)
+    while todo or running:
+        for slot in range(args.jobs):
+            if slot not in running and todo:
+                code, seed = todo.pop(0)
+                argv, cwd, env, out = command(args, code, seed, data_dir, home, stubs)
+                shutil.rmtree(out, ignore_errors=True)  # An unfinished run starts over.
+                os.makedirs(out)
+                if args.jobs > 1 and shutil.which('taskset'):
+                    argv = ['taskset', '-c', str(slot % cores), *argv]
+                log = open(os.path.join(out, 'stdout.log'), 'w')  # noqa: SIM115 (closed when the run ends)
+                proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT)
+                running[slot] = (code, seed, proc, time.time(), log)
+                print(f'started {code} seed {seed}', flush=True)
+        time.sleep(2)
+        for slot, (code, seed, proc, started, log) in list(running.items()):
+            if proc.poll() is None:
+                continue
+            log.close()
+            del running[slot]
+            # The reference's exit status is not read: it ends by writing a wandb URL file after its logs are closed.
+            ok = finished(args.work_dir, code, seed, args.online_steps)
+            state = 'finished' if ok else f'FAILED (exit {proc.returncode}; see {log.name})'
+            print(f'{code} seed {seed} {state} in {time.time() - started:.0f} s', flush=True)
+
+
+# Statistics over seeds.
+
+
+def bootstrap_mean(values, rng, reps=10000):
+    """(mean, low, high): the mean and its 95% percentile bootstrap interval."""
+    values = np.asarray(values, dtype=float)
+    means = values[rng.integers(0, len(values), size=(reps, len(values)))].mean(axis=1)
+    return float(values.mean()), float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
+
+
+def bootstrap_difference(a, b, rng, reps=10000):
+    """(mean(a) - mean(b), low, high), each group resampled on its own."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    da = a[rng.integers(0, len(a), size=(reps, len(a)))].mean(axis=1)
+    db = b[rng.integers(0, len(b), size=(reps, len(b)))].mean(axis=1)
+    diff = da - db
+    return float(a.mean() - b.mean()), float(np.percentile(diff, 2.5)), float(np.percentile(diff, 97.5))
+
+
+def permutation_p(a, b, rng, reps=20000):
+    """Two-sided permutation p-value of the difference of means (random relabellings, the observed one counted)."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    pooled = np.concatenate([a, b])
+    observed = abs(a.mean() - b.mean())
+    perms = np.argsort(rng.random((reps, len(pooled))), axis=1)
+    shuffled = pooled[perms]
+    diffs = np.abs(shuffled[:, : len(a)].mean(axis=1) - shuffled[:, len(a) :].mean(axis=1))
+    return float((1 + np.sum(diffs >= observed - 1e-12)) / (reps + 1))
+
+
+def area_under_curve(curve, steps):
+    """Mean success over the evaluation steps, by the trapezoid rule (the curve's area over its step range)."""
+    values = np.array([curve[s] for s in steps], dtype=float)
+    if len(steps) == 1:
+        return float(values[0])
+    x = np.asarray(steps, dtype=float)
+    return float(np.sum((values[1:] + values[:-1]) / 2 * np.diff(x)) / (x[-1] - x[0]))
+
+
+def compare(curves, seed=0):
+    """Per-step and area-under-curve statistics of `curves` = {code: [ {step: success}, ... per seed ]}.
+
+    Only steps that every run of both codes reached are compared."""
+    rng = np.random.default_rng(seed)
+    runs = [c for code in CODES for c in curves[code]]
+    steps = sorted(set.intersection(*(set(c) for c in runs)))
+    rows = []
+    for step in [*steps, 'auc']:
+        values = {
+            code: [c[step] if step != 'auc' else area_under_curve(c, steps) for c in curves[code]] for code in CODES
+        }
+        rows.append(dict(
+            step=step,
+            **{code: bootstrap_mean(values[code], rng) for code in CODES},
+            difference=bootstrap_difference(values['ours'], values['reference'], rng),
+            p=permutation_p(values['ours'], values['reference'], rng),
+            values=values,
+        ))  # fmt: skip
+    return rows
+
+
+def table(rows, seeds):
+    """The markdown table of `compare` rows."""
+
+    def cell(m):
+        return f'{m[0]:.3f} [{m[1]:.2f}, {m[2]:.2f}]'
+
+    lines = [
+        f'| step | this project ({seeds["ours"]} seeds) | reference ({seeds["reference"]} seeds) | difference | p |',
+        '|---|---|---|---|---|',
+    ]
+    for r in rows:
+        step = 'area under the curve' if r['step'] == 'auc' else f'{r["step"]:,}'
+        lines.append(
+            f'| {step} | {cell(r["ours"])} | {cell(r["reference"])} | {r["difference"][0]:+.3f} '
+            f'[{r["difference"][1]:+.2f}, {r["difference"][2]:+.2f}] | {r["p"]:.2f} |'
+        )
+    return '\n'.join(lines)
+
+
+def collect(work_dir, last_step):
+    """{code: [curve per finished seed]}, seeds in order."""
+    curves = {code: [] for code in CODES}
+    for code in CODES:
+        seed = 0
+        while eval_csv(work_dir, code, seed) is not None:
+            if finished(work_dir, code, seed, last_step):
+                curves[code].append(read_curve(eval_csv(work_dir, code, seed)))
+            seed += 1
+    return curves
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('--reference', help='path of a checkout of github ColinQiyangLi/qc')
+    parser.add_argument('--report_only', action='store_true', help='only print the table of the runs on disk')
+    parser.add_argument('--preset', default='qc-rlpd', choices=sorted(PRESETS))
+    parser.add_argument('--seeds', type=int, default=12, help='seeds 0..N-1 of each code')
+    parser.add_argument('--online_steps', type=int, default=20000)
+    parser.add_argument('--start_training', type=int, default=1000)
+    parser.add_argument('--eval_interval', type=int, default=2500)
+    parser.add_argument('--eval_episodes', type=int, default=50)
+    parser.add_argument('--jobs', type=int, default=os.cpu_count() or 1, help='runs at once (default: the cores)')
+    parser.add_argument('--work_dir', default='/tmp/qc_reference_curves', help='where the runs are written')
+    parser.add_argument('--data_dir', default=None, help=f'folder of {DATASET}.npz (default: <work_dir>/data)')
+    parser.add_argument('--out', default=os.path.join(ROOT, 'benchmarks', 'results_reference.json'))
+    args = parser.parse_args(argv)
+    args.data_dir = args.data_dir or os.path.join(args.work_dir, 'data')
+    if not args.report_only:
+        if not args.reference:
+            parser.error('--reference is required (a checkout of the reference), unless --report_only')
+        run_all(args)
+    curves = collect(args.work_dir, args.online_steps)
+    if not all(curves[code] for code in CODES):
+        sys.exit(f'error: no finished runs of both codes in {args.work_dir}')
+    rows = compare(curves)
+    seeds = {code: len(curves[code]) for code in CODES}
+    print(table(rows, seeds))
+    script, flags = run_flags(args)
+    result = dict(
+        command=f'python {script} ' + ' '.join(flags), seeds=seeds, machine=machine_info(),
+        rows=[{k: v for k, v in r.items()} for r in rows],
+    )  # fmt: skip
+    with open(args.out, 'w') as f:
+        json.dump(result, f, indent=1)
+    print(f'wrote {args.out}')
+
+
+if __name__ == '__main__':
+    main()
