@@ -118,9 +118,10 @@ def _scene_episode_is_healthy(ep_qpos):
     return not (too_right or left_outside_drawer)
 
 
-def collect_episode(env, oracles, env_base, rng, episode_length, progress=None):
-    """One data-collection episode of `episode_length` steps; returns a dict of per-step lists."""
-    ob, info = env.reset()
+def collect_episode(env, oracles, env_base, rng, episode_length, reset_seed=None):
+    """One data-collection episode of `episode_length` steps from `env.reset(seed=reset_seed)`; returns a dict of
+    per-step arrays."""
+    ob, info = env.reset(seed=reset_seed)
     p_stack = sample_p_stack(env_base, rng)
     agent = oracles[info['privileged/target_task']]
     agent.reset(ob, info)
@@ -143,19 +144,98 @@ def collect_episode(env, oracles, env_base, rng, episode_length, progress=None):
         if has_buttons:
             ep['button_states'].append(info['prev_button_states'])
         ob = next_ob
-        if progress is not None:
-            progress.update(1)
-    return ep
+    return {k: np.asarray(v) for k, v in ep.items()}
+
+
+def episode_seeds(seed, index, attempt=0):
+    """(reset seed, oracle noise seed, generator) of episode `index` of a dataset made with `seed`: every episode
+    has its own, so it is the same whichever worker collects it and whatever it collected before."""
+    sequence = np.random.SeedSequence([seed, index, attempt])
+    reset_seed, noise_seed = (int(x) % 2**31 for x in sequence.generate_state(2))
+    return reset_seed, noise_seed, np.random.default_rng(sequence.spawn(1)[0])
+
+
+class EpisodeCollector:
+    """An environment and its oracles that collect episodes by index (one per worker process)."""
+
+    def __init__(self, gym_id, env_base, episode_length, noise, noise_smoothing):
+        import gymnasium
+
+        try:
+            import ogbench.manipspace  # noqa: F401  (registers the environments)
+        except ImportError as e:
+            raise EnvError(f'ogbench cannot be imported ({e}); run: pip install ogbench==1.2.2') from e
+
+        def make():
+            return gymnasium.make(
+                gym_id, terminate_at_goal=False, mode='data_collection', max_episode_steps=episode_length
+            )
+
+        self.env = make_rendering_env(make, gym_id) if gym_id.startswith('visual-') else make()
+        self.env_base, self.episode_length = env_base, episode_length
+        self.oracles = _make_oracles(self.env, env_base, noise, noise_smoothing)
+
+    def collect(self, seed, index):
+        """Episode `index` of the dataset made with `seed`: (index, per-step arrays). A scene episode that OGBench
+        would drop (the cube out of view) is redone with the episode's next seeds."""
+        attempt = 0
+        while True:
+            reset_seed, noise_seed, rng = episode_seeds(seed, index, attempt)
+            with legacy_numpy_seed(noise_seed):
+                ep = collect_episode(self.env, self.oracles, self.env_base, rng, self.episode_length, reset_seed)
+            if self.env_base != 'scene' or _scene_episode_is_healthy(ep['qpos']):
+                return index, ep
+            attempt += 1
+
+
+_COLLECTOR = None  # The worker process's `EpisodeCollector`.
+
+
+def _start_worker(*args):
+    global _COLLECTOR
+    _COLLECTOR = EpisodeCollector(*args)
+
+
+def _collect_in_worker(seed, index):
+    return _COLLECTOR.collect(seed, index)
+
+
+def collect_episodes(gym_id, env_base, total, episode_length, seed, noise, noise_smoothing, workers, show_progress):
+    """Episodes 0..total-1, collected by `workers` processes (this one when 1); the same episodes for any count."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    from tqdm import tqdm
+
+    settings = (gym_id, env_base, episode_length, noise, noise_smoothing)
+    episodes = [None] * total
+    desc = f'{gym_id} ({total} episodes of {episode_length} steps, {workers} worker{"s" * (workers > 1)})'
+    with tqdm(total=total, desc=desc, unit='episode', disable=not show_progress) as progress:
+        if workers == 1:
+            collector = EpisodeCollector(*settings)
+            for index in range(total):
+                episodes[index] = collector.collect(seed, index)[1]
+                progress.update(1)
+            collector.env.close()
+            return episodes
+        # Fresh interpreters (spawn): MuJoCo and rendering contexts are not shared with this process.
+        context = multiprocessing.get_context('spawn')
+        with ProcessPoolExecutor(workers, mp_context=context, initializer=_start_worker, initargs=settings) as pool:
+            futures = [pool.submit(_collect_in_worker, seed, index) for index in range(total)]
+            for future in as_completed(futures):
+                index, ep = future.result()
+                episodes[index] = ep
+                progress.update(1)
+    return episodes
 
 
 def _to_arrays(episodes, visual=False):
     out = {}
     for k in episodes[0]:
-        values = [v for ep in episodes for v in ep[k]]
         dtype = {'terminals': bool, 'button_states': np.int64}.get(k, np.float32)
         if k == 'observations' and visual:
             dtype = np.uint8  # Frames, as in OGBench's visual datasets.
-        out[k] = np.asarray(values, dtype=dtype)
+        out[k] = np.concatenate([np.asarray(ep[k], dtype=dtype) for ep in episodes])
     return out
 
 
@@ -169,6 +249,7 @@ def generate_dataset(
     noise=0.1,
     noise_smoothing=0.5,
     show_progress=True,
+    workers=1,
 ):
     """Collects `num_episodes` training and `num_val_episodes` validation episodes and writes both npz files.
 
@@ -179,19 +260,12 @@ def generate_dataset(
         num_episodes: Training episodes (default: the count of OGBench's published dataset).
         num_val_episodes: Validation episodes (default: num_episodes // 10, at least 1).
         episode_length: Steps per episode, 1001 as in OGBench (shorter only for quick tests).
-        seed: Seed of the environment and the oracles' noise; the output is a function of the arguments.
+        seed: Seed of the episodes' starts and the oracles' noise; the output is a function of the arguments.
+        workers: Processes that collect episodes side by side; the output does not depend on it.
 
     Returns:
         (train_path, val_path).
     """
-    import gymnasium
-
-    try:
-        import ogbench.manipspace  # noqa: F401  (registers the environments)
-    except ImportError as e:
-        raise EnvError(f'ogbench cannot be imported ({e}); run: pip install ogbench==1.2.2') from e
-    from tqdm import tqdm
-
     env_base, gym_id, _ = parse_env_name(env_name)
     if num_episodes is None:
         num_episodes = DEFAULT_NUM_EPISODES.get(env_base, 1000)
@@ -199,31 +273,16 @@ def generate_dataset(
         num_val_episodes = max(1, num_episodes // 10)
     if num_episodes < 1 or episode_length < 2:
         raise EnvError('need --num_episodes >= 1 and --episode_length >= 2')
+    if workers < 1:
+        raise EnvError(f'need --workers >= 1, got {workers}')
     if not str(save_path).endswith('.npz'):
         raise EnvError(f'--save_path must end in .npz, got {save_path}')
 
-    def make():
-        return gymnasium.make(gym_id, terminate_at_goal=False, mode='data_collection', max_episode_steps=episode_length)
-
-    visual = gym_id.startswith('visual-')
-    env = make_rendering_env(make, gym_id) if visual else make()
-    rng = np.random.default_rng(seed)
-    env.reset(seed=int(rng.integers(2**31)))
-    oracles = _make_oracles(env, env_base, noise, noise_smoothing)
     total = num_episodes + num_val_episodes
-    episodes = []
-    with legacy_numpy_seed(int(rng.integers(2**31))):
-        with tqdm(
-            total=total * episode_length, desc=f'{gym_id} ({total} episodes)', unit='step', disable=not show_progress
-        ) as progress:
-            while len(episodes) < total:
-                ep = collect_episode(env, oracles, env_base, rng, episode_length, progress)
-                if env_base == 'scene' and not _scene_episode_is_healthy(ep['qpos']):
-                    progress.update(-len(ep['actions']))
-                    continue  # OGBench drops and redoes such episodes.
-                episodes.append(ep)
-    env.close()
-
+    workers = min(workers, total)
+    args = (gym_id, env_base, total, episode_length, seed, noise, noise_smoothing, workers, show_progress)
+    episodes = collect_episodes(*args)
+    visual = gym_id.startswith('visual-')
     val_path = str(save_path)[: -len('.npz')] + '-val.npz'
     os.makedirs(os.path.dirname(os.path.abspath(save_path)), exist_ok=True)
     np.savez_compressed(save_path, **_to_arrays(episodes[:num_episodes], visual))
@@ -247,6 +306,9 @@ def main(argv=None):
     p.add_argument('--seed', type=int, default=0)
     p.add_argument('--noise', type=float, default=0.1, help='plan noise level (OGBench: 0.1)')
     p.add_argument('--noise_smoothing', type=float, default=0.5, help='plan noise smoothing (OGBench: 0.5)')
+    p.add_argument('--workers', type=int, default=os.cpu_count() or 1,
+                   help='processes collecting episodes side by side (default: the CPU count); the data is the same '
+                   'for any count')  # fmt: skip
     args = p.parse_args(argv)
     _, _, dataset_name = parse_env_name(args.env_name)
     save_path = args.save_path or os.path.join(os.path.expanduser(args.save_dir), f'{dataset_name}.npz')
@@ -259,6 +321,7 @@ def main(argv=None):
         seed=args.seed,
         noise=args.noise,
         noise_smoothing=args.noise_smoothing,
+        workers=args.workers,
     )
     print(f'wrote {train_path} and {val_path}')
 

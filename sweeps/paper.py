@@ -105,12 +105,22 @@ def draw(ax, points, offset, x_range, color=None, label='paper'):
     if not keep.any():
         return None
     mean, low, high = (np.array([getattr(p, k) for p in points])[keep] for k in ('mean', 'low', 'high'))
-    (line,) = ax.plot(xs[keep], mean, linestyle='--', color=color, linewidth=1.5, label=label)
+    (line,) = ax.plot(xs[keep], mean, linestyle='--', marker='x', markersize=4, color=color, linewidth=1.5, label=label)
     ax.fill_between(xs[keep], low, high, color=line.get_color(), alpha=0.1, linewidth=0)
     return line
 
 
-def published_offset(offline_steps):
-    """The shift from published steps to a plot whose online phase starts at x = `offline_steps` (0: steps counted
-    from the start of the online phase): the paper's online phase starts at 1M."""
-    return PAPER_PHASE_STEPS - offline_steps
+def draw_phases(ax, points, offline_steps, x_range, origin=0, color=None, label='paper'):
+    """Draws published `points` next to a run of `offline_steps` offline steps whose online phase starts at
+    x = `origin`, within `x_range`. With the paper's offline length (or none), one curve whose online phase starts
+    at `origin`. With another offline length, the two phases apart: the published offline points up to as many
+    steps as ours, from where our offline phase starts (so a 100k-step run faces the published point at 100k), and
+    the online points from `origin`. Returns the first line drawn, or None."""
+    if offline_steps in (0, PAPER_PHASE_STEPS):
+        return draw(ax, points, PAPER_PHASE_STEPS - origin, x_range, color, label)
+    offline = [p for p in points if p.step <= offline_steps]
+    online = [p for p in points if p.step >= PAPER_PHASE_STEPS]
+    first = draw(ax, offline, offline_steps - origin, (origin - offline_steps, origin), color, label)
+    color = first.get_color() if first is not None else color
+    second = draw(ax, online, PAPER_PHASE_STEPS - origin, x_range, color, label if first is None else None)
+    return first if first is not None else second

@@ -290,8 +290,9 @@ def task_figure(env, methods, rng):
         ax.fill_between(xs, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
         points = paper.curve(task, method) if task else None
         if points:
-            offset = paper.published_offset(offline_steps=0)
-            paper.draw(ax, points, offset, (xs.min(), xs.max()), color=line.get_color(), label=f'{method} (paper)')
+            offline_steps = entry['steps'][0] if entry['steps'] else 0
+            paper.draw_phases(ax, points, offline_steps, (xs.min(), xs.max()), color=line.get_color(),
+                              label=f'{method} (paper)')  # fmt: skip
     if any_offline:
         ax.axvline(0, color='gray', linestyle='--', linewidth=1)
         for label, align in (('offline  ', 'right'), ('  online', 'left')):

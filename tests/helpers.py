@@ -125,6 +125,7 @@ def generate_cube_single(out_dir, num_episodes=3, episode_length=61):
         '--num_val_episodes=1',
         f'--episode_length={episode_length}',
         '--seed=0',
+        '--workers=1',  # a few short episodes: starting worker processes would take longer than collecting them
     ]
     subprocess.run(cmd, cwd=ROOT, env=subprocess_env(), check=True, capture_output=True)
     return str(out_dir)

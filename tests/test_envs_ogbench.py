@@ -54,22 +54,26 @@ def test_generated_files_have_ogbench_layout(data_dir):
             assert f['qpos'].shape[1] == 21 and f['qvel'].shape[1] == 20
 
 
-def test_generation_is_deterministic(tmp_path):
+def test_generation_is_the_same_for_any_number_of_workers(tmp_path):
+    """Every episode has its own seeds, so one process and three worker processes (each collecting the episodes it
+    happens to get, after whatever it collected before) write the same data."""
     paths = []
-    for i in range(2):
-        paths.append(str(tmp_path / f'run{i}' / 'cube-single-play-v0.npz'))
-        generate_dataset(
-            'cube-single-v0',
-            paths[-1],
-            num_episodes=1,
-            num_val_episodes=1,
-            episode_length=15,
-            seed=3,
-            show_progress=False,
-        )
-    with np.load(paths[0]) as a, np.load(paths[1]) as b:
-        for k in a.keys():
-            np.testing.assert_array_equal(a[k], b[k])
+    for workers in (1, 3):
+        paths.append(tmp_path / f'workers{workers}' / 'cube-single-play-v0.npz')
+        subprocess.run(
+            [sys.executable, '-m', 'envs.generate_ogbench', '--env_name=cube-single-play-v0',
+             f'--save_path={paths[-1]}', '--num_episodes=4', '--num_val_episodes=1', '--episode_length=15',
+             '--seed=3', f'--workers={workers}'],
+            check=True, capture_output=True,
+        )  # fmt: skip
+    for name in ('cube-single-play-v0.npz', 'cube-single-play-v0-val.npz'):
+        with np.load(paths[0].parent / name) as a, np.load(paths[1].parent / name) as b:
+            assert set(a.keys()) == set(b.keys())
+            for k in a.keys():
+                np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+    with np.load(paths[0]) as a:
+        starts = a['qpos'][::15]
+        assert len(np.unique(starts, axis=0)) == 4  # each episode starts from its own state
 
 
 def test_datasets_shapes_dtypes_and_episode_ends(loaded):

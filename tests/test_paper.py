@@ -121,8 +121,32 @@ def test_the_sweep_plot_draws_the_published_curve(sweep_dir):
     np.testing.assert_allclose(dashed['QC (paper)'].get_ydata()[list(xs).index(0)],
                                paper.point_at(paper.curve('cube-triple-play-task2', 'QC'), M).mean)  # fmt: skip
     assert len(ax.collections) >= 4  # our bands and the published ones
-    # BFN ran 50k + 50k steps: of the published curve, only the point at the phase boundary falls in its range.
-    assert list(dashed['BFN (paper)'].get_xdata()) == [0]
+    # BFN ran 50k + 50k steps: the published offline points up to 50k steps (only step 0) from our offline start,
+    # and of the online phase only the point at the phase boundary, in the same colour.
+    assert list(dashed['BFN (paper)'].get_xdata()) == [-50_000]
+    colour = dashed['BFN (paper)'].get_color()
+    boundary = [line for line in ax.lines if line.get_linestyle() == '--' and line.get_color() == colour]
+    assert sorted(list(line.get_xdata()) for line in boundary) == [[-50_000], [0]]
+
+
+def test_an_offline_run_of_100k_steps_faces_the_published_point_at_100k(tmp_path):
+    """The paper check's runs: offline only, 100k steps, evaluated at the end."""
+    env = 'cube-double-play-singletask-task1-v0'
+    runs, _ = spec.expand(dict(methods=['QC-FQL'], envs=[env], seeds=2))
+    with open(os.path.join(tmp_path, 'sweep.json'), 'w') as f:
+        json.dump(dict(seeds_per_process=2, runs=[r.__dict__ for r in runs]), f)
+    for r, value in zip(runs, (0.2, 0.3), strict=True):
+        fake_run(str(tmp_path), r.name, [100_000], [value], 100_000, 0)
+    row = cell(report.table_markdown(str(tmp_path)), env, 'QC-FQL')
+    expected = published('cube-double-play-task1', 'QC-FQL', 100_000) + ' after 100,000 offline steps'
+    assert row[3].startswith('25.0 [') and row[4] == expected and row[5] == row[6] == '-'
+    methods = [(m, e) for (_, m), e in report.results(str(tmp_path)).items()]
+    ax = report.task_figure(env, methods, np.random.default_rng(0)).axes[0]
+    line = next(line for line in ax.lines if line.get_label() == 'QC-FQL (paper)')
+    # Drawn from our start (published step 0) to our end (published step 100k), which is x = 0.
+    assert list(line.get_xdata()) == [-100_000, 0]
+    point = paper.point_at(paper.curve('cube-double-play-task1', 'QC-FQL'), 100_000)
+    assert line.get_ydata()[-1] == point.mean
 
 
 def test_single_run_plots_overlay_the_paper_with_a_flag(tmp_path):

@@ -174,9 +174,10 @@ def draw_published(ax, curve, color):
     points = paper.curve(task, method) if method and task else None
     if points is None:
         return None
-    offset = paper.published_offset(offline_steps=int(flags.get('offline_steps') or 0))
+    offline_steps = int(flags.get('offline_steps') or 0)
     steps = np.asarray(curve['steps'])
-    return paper.draw(ax, points, offset, (steps.min(), steps.max()), color=color, label=f'{method} (paper)')
+    return paper.draw_phases(ax, points, offline_steps, (steps.min(), steps.max()), origin=offline_steps, color=color,
+                             label=f'{method} (paper)')  # fmt: skip
 
 
 def plot_runs(run_dirs, out_path, metrics=('success', 'return'), group_by='auto', band='std', paper=False):
