@@ -11,7 +11,7 @@ Online batches come from the replay buffer only, which starts as a copy of the o
 from absl import app, flags
 
 from agents import agents
-from training import Preset, Trainer, define_flags, from_flags
+from training import Preset, Trainer, flags_parser, from_flags
 from utils.errors import cli_main
 
 PRESET = Preset(
@@ -29,5 +29,5 @@ def main(_):
 
 
 if __name__ == '__main__':
-    define_flags(PRESET)  # Here, so that tests and sweeps can import PRESET without defining flags.
-    app.run(cli_main(main))
+    # The flags are defined when the command line is parsed, so that tests and sweeps can import PRESET alone.
+    app.run(cli_main(main), flags_parser=flags_parser(PRESET, __doc__.split('\n')[0]))

@@ -10,7 +10,7 @@ Variants of the paper: RLPD `--horizon_length=1`, RLPD-AC `--horizon_length=5`, 
 from absl import app, flags
 
 from agents import agents
-from training import Preset, Trainer, define_flags, from_flags
+from training import Preset, Trainer, flags_parser, from_flags
 from utils.errors import cli_main
 
 PRESET = Preset(
@@ -28,5 +28,5 @@ def main(_):
 
 
 if __name__ == '__main__':
-    define_flags(PRESET)  # Here, so that tests and sweeps can import PRESET without defining flags.
-    app.run(cli_main(main))
+    # The flags are defined when the command line is parsed, so that tests and sweeps can import PRESET alone.
+    app.run(cli_main(main), flags_parser=flags_parser(PRESET, __doc__.split('\n')[0]))

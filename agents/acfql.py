@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
+from utils.config_rules import boolean, fraction, non_negative, one_of, optional, positive, widths
 from utils.encoders import encoder_modules
 from utils.flax_utils import ModuleDict, TrainState, nonpytree_field, scan_updates, target_update
 from utils.networks import ActorVectorField, Value, aggregate_q, batched_examples
@@ -240,6 +241,34 @@ class ACFQLAgent(flax.struct.PyTreeNode):
         config['action_dim'] = action_dim
         config['full_action_dim'] = full_action_dim
         return cls(rng, network=network, config=flax.core.FrozenDict(**config))
+
+
+# What each key of `get_config()` may hold; the drivers check a run's config against it before loading anything.
+CONFIG_RULES = dict(
+    agent_name=one_of('acfql'),
+    lr=positive(float),
+    batch_size=positive(int),
+    actor_hidden_dims=widths(),
+    value_hidden_dims=widths(),
+    layer_norm=boolean(),
+    actor_layer_norm=boolean(),
+    discount=fraction(),
+    tau=fraction(),
+    q_agg=one_of(*Q_AGGS),
+    alpha=non_negative(),
+    num_qs=positive(int),
+    flow_steps=positive(int),
+    encoder=optional(one_of(*encoder_modules)),
+    horizon_length=optional(positive(int)),
+    action_chunking=boolean(),
+    actor_type=one_of(*ACTOR_TYPES),
+    actor_num_samples=positive(int),
+    use_fourier_features=boolean(),
+    fourier_feature_dim=positive(int),
+    learnable_fourier_features=boolean(),
+    weight_decay=non_negative(),
+    normalize_q_loss=optional(boolean()),
+)
 
 
 def get_config():

@@ -13,6 +13,7 @@ import optax
 
 from rlpd_distributions import TanhNormal
 from rlpd_networks import MLP, Ensemble, StateActionValue
+from utils.config_rules import boolean, fraction, non_negative, number, one_of, optional, positive, widths
 from utils.flax_utils import ModuleDict, TrainState, nonpytree_field, scan_updates, target_update
 from utils.networks import aggregate_q, batched_examples
 
@@ -201,6 +202,29 @@ class ACRLPDAgent(flax.struct.PyTreeNode):
         config['action_dim'] = action_dim
         config['ob_dims'] = tuple(ex_observations.shape[1:])
         return cls(rng, network=network, config=ml_collections.FrozenConfigDict(config))
+
+
+# What each key of `get_config()` may hold; the drivers check a run's config against it before loading anything.
+CONFIG_RULES = dict(
+    agent_name=one_of('acrlpd'),
+    lr=positive(float),
+    batch_size=positive(int),
+    actor_hidden_dims=widths(),
+    value_hidden_dims=widths(),
+    layer_norm=boolean(),
+    discount=fraction(),
+    tau=fraction(),
+    num_qs=positive(int),
+    target_entropy=optional(number()),
+    target_entropy_multiplier=non_negative(),
+    bc_alpha=non_negative(),
+    q_agg=one_of('mean', 'min'),
+    horizon_length=optional(positive(int)),
+    action_chunking=boolean(),
+    init_temp=positive(float),
+    alpha=optional(number()),
+    actor_layer_norm=optional(boolean()),
+)
 
 
 def get_config():

@@ -303,6 +303,10 @@ def matches(env_name):
     return is_d4rl_env(env_name)
 
 
+def check_name(env_name):
+    """Nothing to check beyond `matches` (its name patterns list the mazes and Adroit tasks)."""
+
+
 def reward_shift(env_name):
     """Shift of online rewards, matching the shifted offline data (AntMaze: -1)."""
     return online_reward_shift(env_name)

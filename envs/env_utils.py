@@ -10,6 +10,7 @@ Families (`FAMILIES`, tried in order by `get_env_family`):
 
 Every family module has the same interface, and imports nothing of `envs` but `envs.common`:
     matches(env_name) -> bool                               whether the family serves the name;
+    check_name(env_name)                                    raises `EnvError` for a served name it lacks (a task);
     make_env(env_name, dataset_dir=None, seed=0)            one raw environment (extra evaluation copies);
     make_env_and_datasets(env_name, dataset_dir=None, seed=0, ...)
                                                             (env, eval_env, train, val), raw, unclipped, unseeded;
@@ -36,9 +37,11 @@ FAMILY_EXAMPLES = (
 
 
 def get_env_family(env_name):
-    """Name of the family that serves `env_name` (a key of `FAMILIES`); raises `EnvError` for unknown names."""
+    """Name of the family that serves `env_name` (a key of `FAMILIES`); raises `EnvError` for unknown names and
+    for tasks the family lacks."""
     for name, module in FAMILIES.items():
         if module.matches(env_name):
+            module.check_name(env_name)
             return name
     families = ', '.join(FAMILIES)
     raise EnvError(f'unknown environment {env_name!r}; supported families ({families}), e.g. {FAMILY_EXAMPLES}')

@@ -281,6 +281,25 @@ def matches(env_name):
     return is_ogbench_env(env_name)
 
 
+def check_name(env_name):
+    """Refuses a name OGBench has no environment for, naming the tasks it has ("cube-single has tasks 1-5"),
+    before any data is looked up."""
+    import gymnasium
+
+    _import_ogbench()
+    gym_id, _ = split_name(env_name)
+    if gym_id in gymnasium.registry:
+        return
+    m = _NAME_RE.match(env_name)
+    base = f'{m["visual"] or ""}{m["env"]}'
+    registered = '\n'.join(gymnasium.registry)
+    tasks = sorted(int(t) for t in re.findall(rf'^{re.escape(base)}-singletask-task(\d+)-', registered, flags=re.M))
+    if not tasks:
+        raise EnvError(f'OGBench has no environment {base!r} ({env_name}); e.g. cube-single-play-singletask-task1-v0')
+    example = env_name.replace(f'-{m["task"]}-', f'-task{tasks[0]}-')
+    raise EnvError(f'unknown task in {env_name}: {base} has tasks {tasks[0]}-{tasks[-1]} (e.g. {example})')
+
+
 def reward_shift(env_name):
     """OGBench rewards are used as they are online."""
     return 0.0

@@ -237,6 +237,10 @@ def matches(env_name):
     return is_robomimic_env(env_name)
 
 
+def check_name(env_name):
+    """Nothing to check beyond `matches` (its name pattern lists the tasks and dataset types)."""
+
+
 def reward_shift(env_name):
     """Shift of online rewards, matching the shifted offline data."""
     return REWARD_SHIFT

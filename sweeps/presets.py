@@ -1,12 +1,11 @@
-"""The paper's nine methods as driver + flags presets, and the per-domain settings the paper adds.
+"""The paper's nine methods as driver + flags presets.
 
 Sources: each method's flags are the "Reproducing paper results" command of the reference repository's README
-(github.com/ColinQiyangLi/qc), written there for cube-triple; `domain_flags` adds what the paper's appendix sets per
-domain ("Experiment Details"): the tables "Behavior regularization coefficient (alpha)" for QC-FQL, FQL-n and FQL
-and "Number of actions sampled for the expected-max Q operator (N)" for QC, BFN-n and BFN, and sparse rewards on
-scene and puzzle-3x3. Agent defaults not named here (networks, learning rates, batch size, discount, ensemble sizes)
-are the `get_config()` defaults of `agents/acfql.py` and `agents/acrlpd.py`, which equal the reference's and the
-appendix's "Common hyperparameters" table.
+(github.com/ColinQiyangLi/qc), written there for cube-triple; a sweep adds what the paper's appendix sets per
+domain (`training.paper_settings.domain_flags`: alpha, N, sparse rewards). Agent defaults not named here
+(networks, learning rates, batch size, discount, ensemble sizes) are the `get_config()` defaults of
+`agents/acfql.py` and `agents/acrlpd.py`, which equal the reference's and the appendix's "Common hyperparameters"
+table.
 """
 
 import dataclasses
@@ -50,40 +49,3 @@ METHODS = {
                'RLPD on action chunks with a BC term'),
     )
 }  # fmt: skip
-
-# Domains whose rewards the paper sparsifies (-1 until success, then 0); the reference README: "For `scene` and
-# `puzzle-3x3` domains, use `--sparse=True`".
-SPARSE_DOMAINS = ('scene', 'puzzle-3x3')
-
-# Per-domain values of the appendix tables, by method and flag. Domains are name prefixes (OGBench) or RoboMimic
-# task names; `cube-quadruple` is the paper's cube-quadruple-100M (pass the shards with --ogbench_dataset_dir).
-DOMAINS = ('scene', 'puzzle-3x3', 'cube-double', 'cube-triple', 'cube-quadruple', 'lift', 'can', 'square')
-PAPER_SETTINGS = {
-    ('QC-FQL', 'agent.alpha'): (300.0, 300.0, 300.0, 100.0, 100.0, 10000.0, 10000.0, 10000.0),
-    ('FQL-n', 'agent.alpha'): (100.0, 100.0, 100.0, 100.0, 100.0, 10000.0, 10000.0, 10000.0),
-    ('FQL', 'agent.alpha'): (300.0, 100.0, 300.0, 300.0, 300.0, 10000.0, 10000.0, 10000.0),
-    ('QC', 'agent.actor_num_samples'): (32, 64, 32, 32, 32, 16, 16, 16),
-    ('BFN-n', 'agent.actor_num_samples'): (4,) * 8,
-    ('BFN', 'agent.actor_num_samples'): (4,) * 8,
-}
-
-
-def paper_domain(env_name):
-    """The paper's domain of `env_name` (one of `DOMAINS`), or None for environments the paper does not use."""
-    name = env_name.removeprefix('visual-')
-    for domain in DOMAINS:
-        if name.startswith(domain + '-'):
-            return domain
-    return None
-
-
-def domain_flags(method, env_name):
-    """Flags the paper sets for `method` (a preset name) on the domain of `env_name`, on top of the method's."""
-    domain = paper_domain(env_name)
-    if domain is None:
-        return {}
-    flags = {'sparse': True} if domain in SPARSE_DOMAINS else {}
-    for (name, flag), values in PAPER_SETTINGS.items():
-        if name == method:
-            flags[flag] = values[DOMAINS.index(domain)]
-    return flags

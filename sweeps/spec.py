@@ -25,7 +25,8 @@ import re
 import runpy
 import sys
 
-from sweeps.presets import METHODS, domain_flags
+from sweeps.presets import METHODS
+from training.paper_settings import domain_flags
 from utils.errors import UserError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -15,6 +15,8 @@ import pytest
 from helpers import ROOT, fake_run, generate_cube_single, read_csv, subprocess_env
 
 from sweeps import jobs, launch, presets, report, spec
+from training import paper_settings
+from training.paper_settings import domain_flags
 from utils.checkpoints import checkpoint_steps
 from utils.errors import UserError
 
@@ -68,23 +70,23 @@ def test_presets_follow_the_reference_commands():
     assert m['BFN-n'].flags['agent.action_chunking'] is False and m['FQL'].flags['horizon_length'] == 1
     assert {k for k, v in m.items() if v.driver == 'main_online.py'} == {'RLPD', 'RLPD-AC', 'QC-RLPD'}
     # The appendix tables per domain (alpha for the FQL family, N for best-of-N) and sparse scene/puzzle-3x3.
-    assert presets.domain_flags('QC', 'scene-play-singletask-task2-v0') == {
+    assert domain_flags('QC', 'scene-play-singletask-task2-v0') == {
         'sparse': True, 'agent.actor_num_samples': 32}  # fmt: skip
-    assert presets.domain_flags('QC', 'puzzle-3x3-play-singletask-task4-v0') == {
+    assert domain_flags('QC', 'puzzle-3x3-play-singletask-task4-v0') == {
         'sparse': True, 'agent.actor_num_samples': 64}  # fmt: skip
-    assert presets.domain_flags('FQL', 'cube-triple-play-singletask-task2-v0') == {'agent.alpha': 300.0}
-    assert presets.domain_flags('QC-FQL', 'cube-quadruple-play-100m-singletask-task1-v0') == {'agent.alpha': 100.0}
-    assert presets.domain_flags('QC', 'square-mh-low_dim') == {'agent.actor_num_samples': 16}
-    assert presets.domain_flags('FQL-n', 'lift-mh-low_dim') == {'agent.alpha': 10000.0}
-    assert presets.domain_flags('BFN', 'visual-cube-double-play-singletask-task1-v0') == {'agent.actor_num_samples': 4}
-    assert presets.domain_flags('RLPD', 'scene-play-singletask-task2-v0') == {'sparse': True}
-    assert presets.domain_flags('QC', 'puzzle-4x4-play-singletask-task4-v0') == {}
-    assert presets.domain_flags('QC-FQL', 'antmaze-large-diverse-v2') == {}
+    assert domain_flags('FQL', 'cube-triple-play-singletask-task2-v0') == {'agent.alpha': 300.0}
+    assert domain_flags('QC-FQL', 'cube-quadruple-play-100m-singletask-task1-v0') == {'agent.alpha': 100.0}
+    assert domain_flags('QC', 'square-mh-low_dim') == {'agent.actor_num_samples': 16}
+    assert domain_flags('FQL-n', 'lift-mh-low_dim') == {'agent.alpha': 10000.0}
+    assert domain_flags('BFN', 'visual-cube-double-play-singletask-task1-v0') == {'agent.actor_num_samples': 4}
+    assert domain_flags('RLPD', 'scene-play-singletask-task2-v0') == {'sparse': True}
+    assert domain_flags('QC', 'puzzle-4x4-play-singletask-task4-v0') == {}
+    assert domain_flags('QC-FQL', 'antmaze-large-diverse-v2') == {}
     # Every table row has a value per domain. On cube-triple the reference README's commands agree with the tables,
     # except FQL's alpha (README 100, table 300).
-    assert all(len(v) == len(presets.DOMAINS) for v in presets.PAPER_SETTINGS.values())
+    assert all(len(v) == len(paper_settings.DOMAINS) for v in paper_settings.PAPER_SETTINGS.values())
     for name in ('QC', 'BFN-n', 'BFN', 'QC-FQL', 'FQL-n'):
-        flags = presets.domain_flags(name, 'cube-triple-play-singletask-task2-v0')
+        flags = domain_flags(name, 'cube-triple-play-singletask-task2-v0')
         assert flags and all(m[name].flags[k] == v for k, v in flags.items()), name
     # A SPEC's own flags still win over the paper's.
     runs, _ = spec.expand(dict(methods=['FQL'], envs=[ENV], seeds=1, flags={'agent.alpha': 30.0}))

@@ -4,8 +4,8 @@
 `envs/`, `evaluation.py` and `log_utils.py`, and only the drivers (and `sweeps/`) sit above it.
 """
 
-from training.config import Preset, RunConfig, define_flags, from_flags
+from training.config import Preset, RunConfig, define_flags, flags_parser, from_flags
 from training.hooks import StopTraining
 from training.trainer import Trainer
 
-__all__ = ['Preset', 'RunConfig', 'StopTraining', 'Trainer', 'define_flags', 'from_flags']
+__all__ = ['Preset', 'RunConfig', 'StopTraining', 'Trainer', 'define_flags', 'flags_parser', 'from_flags']

@@ -9,18 +9,38 @@ are aliases that set `--agent.horizon_length` and `--agent.discount`.
 """
 
 import dataclasses
+import difflib
+import importlib.util
+import inspect
 import os
+import re
+import sys
+import textwrap
 from typing import Any
 
 from absl import flags
 from ml_collections import config_flags
 
-from utils.errors import UsageError
+from training import paper_settings
+from utils.config_rules import check_config
+from utils.errors import UsageError, UserError
 
 # Driver flags that only set a key of the agent config, with the value they give when neither spelling is used.
 AGENT_ALIASES = dict(horizon_length=5, discount=0.99)
 # Old flag names, refused with the new name.
 RENAMED_FLAGS = dict(seed_chunk='seeds_per_vmap', env_threads='env_workers')
+# How `--help` groups the run settings (every `RunConfig` field is in one group).
+SETTING_GROUPS = dict(
+    run=('env_name', 'seeds', 'run_group', 'save_dir', 'exp_name', 'resume'),
+    data=('dataset_dir', 'dataset_proportion', 'sparse', 'ogbench_dataset_dir', 'dataset_replace_interval',
+          'frame_stack', 'p_aug', 'buffer_size'),
+    training=('offline_steps', 'online_steps', 'start_training', 'utd_ratio'),
+    evaluation=('eval_interval', 'eval_episodes', 'eval_envs', 'video_episodes', 'video_frame_skip'),
+    logging=('log_interval', 'save_all_online_states'),
+    checkpoints=('save_interval', 'keep_checkpoints', 'max_runtime'),
+    speed=('fused_steps', 'fuse_online_updates', 'seeds_per_vmap', 'env_workers', 'compilation_cache_dir'),
+)  # fmt: skip
+HELP_ARGS = ('-h', '--help', '--helpshort', '-?')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -242,7 +262,10 @@ def from_flags(flag_values, preset):
             values[field.name] = flag_values[field.name].value
     values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
     agent = resolve_agent_config(flag_values)
-    return validate(RunConfig(**values, seeds=resolve_seeds(flag_values), preset=preset, agent=agent))
+    run = validate(RunConfig(**values, seeds=resolve_seeds(flag_values), preset=preset, agent=agent))
+    for line in paper_settings.notes(run.env_name, run.sparse, run.agent):
+        print(line, flush=True)  # a paper task run with other settings than the paper's: said, then trained
+    return run
 
 
 def _check_bounds(name, value, meta):
@@ -257,8 +280,24 @@ def _check_bounds(name, value, meta):
         raise UsageError(f'--{name} must be >= {low}, got {value}')
 
 
+def check_agent_config(config):
+    """Refuses an agent config whose `agent_name` is unknown or whose values break the rules its agent file
+    declares next to `get_config()` (`CONFIG_RULES`)."""
+    from agents import agents
+
+    name = config.get('agent_name')
+    if name not in agents:
+        raise UsageError(f'unknown agent_name {name!r} in the agent config; known: {", ".join(sorted(agents))}')
+    module = sys.modules[agents[name].__module__]
+    check_config(config, module.CONFIG_RULES, os.path.relpath(module.__file__))
+
+
 def validate(run):
     """Returns `run` when every setting is usable; raises `UsageError` with one actionable line otherwise."""
+    check_agent_config(run.agent)
+    from envs.env_utils import get_env_family
+
+    get_env_family(run.env_name)  # An unknown environment or task is refused before anything loads.
     for field in dataclasses.fields(run):
         if field.metadata:
             _check_bounds(field.name, getattr(run, field.name), field.metadata)
@@ -283,3 +322,119 @@ def validate(run):
                 'replay buffer holds a full chunk before the first update'
             )
     return run
+
+
+# `--help` and the checks of the command line that run before absl parses it.
+
+
+def load_agent_file(path):
+    """The module of an agent config file (what `--agent=PATH` names); `UsageError` when it is missing."""
+    if not os.path.isfile(path):
+        known = ', '.join(sorted(f'agents/{f}' for f in os.listdir('agents') if f.endswith('.py') and f[0] != '_'))
+        raise UsageError(f'--agent={path}: no such agent file (agent files: {known})')
+    spec = importlib.util.spec_from_file_location(f'agent_config_{abs(hash(path))}', path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def agent_file_of(argv, preset):
+    """The agent file an argv names (`--agent=PATH` or `--agent PATH`), else the driver's default."""
+    for i, arg in enumerate(argv):
+        if arg.startswith('--agent='):
+            return arg.split('=', 1)[1]
+        if arg == '--agent' and i + 1 < len(argv):
+            return argv[i + 1]
+    return preset.agent_file
+
+
+def agent_key_comments(module):
+    """{key: its comment in `get_config()`}."""
+    comments = {}
+    for line in inspect.getsource(module.get_config).splitlines():
+        m = re.match(r'\s*(\w+)=.*#\s*(.*)$', line)
+        if m:
+            comments[m[1]] = m[2]
+    return comments
+
+
+def check_agent_args(argv, preset):
+    """Refuses, before absl parses them, a missing agent file and `--agent.KEY` names its `get_config()` lacks."""
+    path = agent_file_of(argv, preset)
+    keys = set(load_agent_file(path).get_config().keys())
+    for arg in argv[1:]:
+        m = re.match(r'--agent\.(\w+)', arg)
+        if m and m[1] not in keys:
+            close = difflib.get_close_matches(m[1], sorted(keys), n=1)
+            hint = f'; did you mean --agent.{close[0]}?' if close else f'; its settings: {", ".join(sorted(keys))}'
+            raise UsageError(f'unknown agent setting --agent.{m[1]} ({path}){hint}')
+
+
+def _rows(rows, width=120, name_width=32):
+    """`rows` of (flag, text) as an indented two-column block; a flag longer than its column gets a line of its
+    own."""
+    out = []
+    for name, text in rows:
+        lines = textwrap.wrap(text, width - name_width - 4) or ['']
+        if len(name) >= name_width:
+            out.append(f'    {name}')
+            lines = [' ' * name_width + line for line in lines]
+            out += ['    ' + line for line in lines]
+            continue
+        out.append(f'    {name:<{name_width}}{lines[0]}')
+        out += [' ' * (name_width + 4) + line for line in lines[1:]]
+    return out
+
+
+def help_text(preset, agent_path, program, summary):
+    """`--help`: every run setting by group with its default, then the agent file's keys with their defaults and
+    the comments of its `get_config()`."""
+    fields = {f.name: f for f in dataclasses.fields(RunConfig) if f.metadata}
+    lines = [f'{program}: {summary}', '', 'Run settings (--name=value; default in brackets):']
+    for group, names in SETTING_GROUPS.items():
+        rows = []
+        for name in names:
+            meta = fields[name].metadata
+            if meta['phase'] == 'offline' and not preset.offline:
+                continue
+            default = meta['flag_default'](preset) if callable(meta['flag_default']) else meta['flag_default']
+            if name == 'seeds':
+                default = '0'
+            rows.append((f'--{name}', f'{meta["help"]} [{default}]'))
+        lines += [f'  {group}', *_rows(rows)]
+    lines += ['  aliases', *_rows([
+        ('--seed', 'The same as --seeds=SEED (one seed). [0]'),
+        *[(f'--{k}', f'Sets --agent.{k}. [{v}]') for k, v in AGENT_ALIASES.items()],
+    ])]  # fmt: skip
+    module = load_agent_file(agent_path)
+    comments = agent_key_comments(module)
+    lines += ['', f'Agent settings of {agent_path} (--agent.key=value; --agent=FILE picks another agent):']
+    config = module.get_config()
+    keys = [*comments, *(k for k in config if k not in comments)]  # the order of `get_config()`
+    lines += _rows([(f'--agent.{k}', f'{comments.get(k, "")} [{config[k]}]') for k in keys if k in config])
+    lines += ['', '--helpfull lists every flag, absl\'s own included.']
+    return '\n'.join(lines)
+
+
+def flags_parser(preset, summary):
+    """The `flags_parser` of a driver's `absl.app.run`, which defines the driver's flags (`define_flags`) and parses
+    them: `--help` prints `help_text` and exits 0; a missing agent file, an unknown `--agent.KEY` and anything absl
+    refuses (unknown flags, bad values) end in one line and exit 2, before anything is loaded."""
+
+    def parse(argv):
+        program = os.path.basename(argv[0])
+        try:
+            if any(arg in HELP_ARGS for arg in argv[1:]):
+                print(help_text(preset, agent_file_of(argv, preset), program, summary))
+                sys.exit(0)
+            check_agent_args(argv, preset)  # before the config flag reads its overrides from the command line
+            define_flags(preset)
+            try:
+                return flags.FLAGS(argv)
+            except flags.Error as e:
+                raise UsageError(' '.join(str(e).split())) from e
+        except UserError as e:
+            print(f'{e.prefix}{e}', file=sys.stderr, flush=True)
+            sys.exit(e.exit_code)
+
+    return parse

@@ -1,0 +1,94 @@
+"""The drivers' command line as a newcomer meets it: `--help` lists every setting, every bad setting is refused in
+one line before anything is loaded, and a paper task run with other settings than the paper's says so."""
+
+import dataclasses
+import glob
+import os
+
+import pytest
+from helpers import run_driver
+
+import main
+import main_online
+from agents import acfql, acrlpd
+from training import RunConfig, paper_settings
+from training.config import SETTING_GROUPS, agent_key_comments, help_text
+
+TASK = 'cube-single-play-singletask-task2-v0'
+
+
+def test_help_lists_every_run_setting_and_every_agent_key():
+    fields = [f.name for f in dataclasses.fields(RunConfig) if f.metadata]
+    assert sorted(n for names in SETTING_GROUPS.values() for n in names) == sorted(fields)  # each in one group
+    cases = ((main.PRESET, acfql, 'agents/acfql.py'), (main_online.PRESET, acrlpd, 'agents/acrlpd.py'))
+    for preset, module, path in cases:
+        text = help_text(preset, path, 'main.py', 'summary')
+        shown = [n for n in fields if f'    --{n} ' in text or text.count(f'--{n}\n')]
+        offline_only = {'offline_steps', 'fused_steps'} if not preset.offline else set()
+        assert set(fields) - set(shown) == offline_only
+        comments = agent_key_comments(module)
+        for key, value in module.get_config().items():
+            assert f'--agent.{key}' in text and comments.get(key), key  # every key, with its comment
+            assert f'{comments[key]} [{value}]' in ' '.join(text.split()), key  # and its default
+        assert set(module.get_config()) == set(module.CONFIG_RULES)  # and a rule
+
+
+def test_the_driver_prints_help_and_exits_0():
+    proc = run_driver('main_online.py', ['--agent=agents/acrlpd.py', '--help'])
+    assert proc.returncode == 0 and proc.stderr == ''
+    assert 'Agent settings of agents/acrlpd.py' in proc.stdout and '--agent.bc_alpha' in proc.stdout
+    assert '--start_training' in proc.stdout and 'absl' not in proc.stdout.split('\n')[0]
+    assert len(proc.stdout.splitlines()) < 120  # short enough to read
+
+
+@pytest.mark.parametrize(
+    'driver, args, message',
+    [
+        ('main.py', ['--agent.actor_typo=best-of-n'], 'unknown agent setting --agent.actor_typo (agents/acfql.py); '
+         'did you mean --agent.actor_type?'),
+        ('main_online.py', ['--agent.bc_alhpa=0.01'], 'did you mean --agent.bc_alpha?'),
+        ('main.py', ['--agent=agents/nope.py'], '--agent=agents/nope.py: no such agent file'),
+        ('main.py', ['--agent.batch_size=-4'], '--agent.batch_size must be a positive integer, got -4'),
+        ('main.py', ['--agent.value_hidden_dims=(0,16)'], '--agent.value_hidden_dims must be a tuple of positive'),
+        ('main.py', ['--agent.flow_steps=0'], '--agent.flow_steps must be a positive integer, got 0'),
+        ('main_online.py', ['--agent.tau=1.5'], '--agent.tau must be a number in (0, 1], got 1.5'),
+        ('main.py', ['--agent.batch_size=abc'], "--agent.batch_size=abc: invalid literal for int()"),
+        ('main.py', ['--env_name=cube-single-play-singletask-task9-v0'],
+         'cube-single has tasks 1-5 (e.g. cube-single-play-singletask-task1-v0)'),
+        ('main.py', ['--envname=x'], "Unknown command line flag 'envname'. Did you mean: env_name ?"),
+    ],
+    ids=['key', 'key-online', 'file', 'batch', 'width', 'flow-steps', 'tau', 'type', 'task', 'flag'],
+)  # fmt: skip
+def test_bad_settings_are_refused_in_one_line_before_loading(tmp_path, driver, args, message):
+    empty = tmp_path / 'no_data'  # a dataset folder without the data: a refusal here comes before any loading
+    empty.mkdir()
+    proc = run_driver(driver, [f'--env_name={TASK}', f'--dataset_dir={empty}', f'--save_dir={tmp_path}', *args])
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith('error: ') and message in lines[0], proc.stderr[-2000:]
+    assert not glob.glob(os.path.join(tmp_path, '*', '*'))  # no run directory
+
+
+def test_a_paper_task_with_other_settings_says_so():
+    assert paper_settings.notes(TASK, False, acfql.get_config()) == []  # not a paper task
+    config = dict(acfql.get_config(), actor_type='best-of-n', horizon_length=5)
+    assert paper_settings.notes('puzzle-3x3-play-singletask-task4-v0', False, config) == [
+        'note: the paper runs QC on puzzle-3x3 with --sparse=True (this run: False); training on',
+        'note: the paper runs QC on puzzle-3x3 with --agent.actor_num_samples=64 (this run: 32); training on',
+    ]
+    assert paper_settings.notes('puzzle-3x3-play-singletask-task4-v0', True, dict(config, actor_num_samples=64)) == []
+    fql = dict(acfql.get_config(), horizon_length=1)
+    assert paper_settings.notes('lift-mh-low_dim', False, fql) == [
+        'note: the paper runs FQL on lift with --agent.alpha=10000.0 (this run: 100.0); training on'
+    ]
+    rlpd = dict(acrlpd.get_config(), horizon_length=5, bc_alpha=0.01)
+    assert paper_settings.method_of(rlpd) == 'QC-RLPD'
+    assert len(paper_settings.notes('scene-play-singletask-task2-v0', False, rlpd)) == 1
+
+
+def test_the_note_is_printed_and_the_run_goes_on(tmp_path):
+    proc = run_driver('main.py', ['--env_name=cube-double-play-singletask-task1-v0', f'--dataset_dir={tmp_path}'])
+    # It trains on: here it goes on to look for the data, which is missing.
+    assert proc.stdout.splitlines()[0] == ('note: the paper runs QC-FQL on cube-double with --agent.alpha=300.0 '
+                                           '(this run: 100.0); training on')  # fmt: skip
+    assert proc.returncode == 2 and 'OGBench dataset not found' in proc.stderr
