@@ -1,12 +1,27 @@
 #!/usr/bin/env bash
 # Installs the pinned stack. robosuite goes in without its dependencies: its `mink` pin would pull numpy<2, and
 # the packages it really needs are pinned in requirements.txt.
+#
+# Run as root with apt-get available, it also installs three Debian packages the test suite uses: libosmesa6
+# (offscreen rendering of the visual OGBench tasks on a CPU), slurm-wlm and munge (a one-node SLURM cluster for the
+# sweep test). `bash scripts/install.sh --no-system` installs the Python packages only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+SYSTEM=1
+for arg in "$@"; do
+    case "$arg" in
+        --no-system) SYSTEM=0 ;;
+        *) echo "usage: bash scripts/install.sh [--no-system]" >&2; exit 2 ;;
+    esac
+done
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 export PIP_ROOT_USER_ACTION=ignore  # pip warns on every call when run as root (containers, CI)
 python3 -m pip install -q -r requirements.txt
 python3 -m pip install -q --no-deps robosuite==1.5.2
+
+if [ "$SYSTEM" -eq 0 ]; then
+    exit 0
+fi
 
 # OSMesa lets MuJoCo render the pixel observations of the `visual-*` OGBench tasks on CPU (MUJOCO_GL=osmesa).
 # Installed only when missing and only where apt-get can run as root; any failure leaves the install going.
