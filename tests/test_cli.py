@@ -1,18 +1,24 @@
 """The drivers' command line as a newcomer meets it: `--help` lists every setting, every bad setting is refused in
 one line before anything is loaded, and a paper task run with other settings than the paper's says so."""
 
+import contextlib
 import dataclasses
 import glob
+import io
 import os
+import sys
+from unittest import mock
 
 import pytest
+from absl import flags
 from helpers import run_driver
 
 import main
 import main_online
 from agents import acfql, acrlpd
-from training import RunConfig, paper_settings
+from training import RunConfig, flags_parser, from_flags, paper_settings
 from training.config import SETTING_GROUPS, agent_key_comments, help_text
+from utils.errors import UserError
 
 TASK = 'cube-single-play-singletask-task2-v0'
 
@@ -41,26 +47,59 @@ def test_the_driver_prints_help_and_exits_0():
     assert len(proc.stdout.splitlines()) < 120  # short enough to read
 
 
-@pytest.mark.parametrize(
-    'driver, args, message',
-    [
-        ('main.py', ['--agent.actor_typo=best-of-n'], 'unknown agent setting --agent.actor_typo (agents/acfql.py); '
-         'did you mean --agent.actor_type?'),
-        ('main_online.py', ['--agent.bc_alhpa=0.01'], 'did you mean --agent.bc_alpha?'),
-        ('main.py', ['--agent=agents/nope.py'], '--agent=agents/nope.py: no such agent file'),
-        ('main.py', ['--agent.batch_size=-4'], '--agent.batch_size must be a positive integer, got -4'),
-        ('main.py', ['--agent.value_hidden_dims=(0,16)'], '--agent.value_hidden_dims must be a tuple of positive'),
-        ('main.py', ['--agent.flow_steps=0'], '--agent.flow_steps must be a positive integer, got 0'),
-        ('main_online.py', ['--agent.tau=1.5'], '--agent.tau must be a number in (0, 1], got 1.5'),
-        ('main.py', ['--agent.batch_size=abc'], "--agent.batch_size=abc: invalid literal for int()"),
-        ('main.py', ['--env_name=cube-single-play-singletask-task9-v0'],
-         'cube-single has tasks 1-5 (e.g. cube-single-play-singletask-task1-v0)'),
-        ('main.py', ['--envname=x'], "Unknown command line flag 'envname'. Did you mean: env_name ?"),
-    ],
-    ids=['key', 'key-online', 'file', 'batch', 'width', 'flow-steps', 'tau', 'type', 'task', 'flag'],
-)  # fmt: skip
+REFUSALS = [
+    ('main.py', ['--agent.actor_typo=best-of-n'], 'unknown agent setting --agent.actor_typo (agents/acfql.py); '
+     'did you mean --agent.actor_type?'),
+    ('main_online.py', ['--agent.bc_alhpa=0.01'], 'did you mean --agent.bc_alpha?'),
+    ('main.py', ['--agent=agents/nope.py'], '--agent=agents/nope.py: no such agent file'),
+    ('main.py', ['--agent.batch_size=-4'], '--agent.batch_size must be a positive integer, got -4'),
+    ('main.py', ['--agent.value_hidden_dims=(0,16)'], '--agent.value_hidden_dims must be a tuple of positive'),
+    ('main.py', ['--agent.flow_steps=0'], '--agent.flow_steps must be a positive integer, got 0'),
+    ('main.py', ['--agent.actor_type=nope'], "--agent.actor_type must be one of 'distill-ddpg', 'best-of-n'"),
+    ('main_online.py', ['--agent.tau=1.5'], '--agent.tau must be a number in (0, 1], got 1.5'),
+    ('main.py', ['--agent.batch_size=abc'], '--agent.batch_size=abc: invalid literal for int()'),
+    ('main.py', ['--env_name=cube-single-play-singletask-task9-v0'],
+     'cube-single has tasks 1-5 (e.g. cube-single-play-singletask-task1-v0)'),
+    ('main.py', ['--envname=x'], "Unknown command line flag 'envname'. Did you mean: env_name ?"),
+]  # fmt: skip
+IDS = ['key', 'key-online', 'file', 'batch', 'width', 'flow-steps', 'actor-type', 'tau', 'type', 'task', 'flag']
+
+
+def refusal_in_process(driver, argv):
+    """(exit code, stderr) of a driver refusing `argv`: its command-line parsing (`training.config.flags_parser`,
+    on fresh flags), then its run config (`from_flags`); None where both accept it."""
+    preset = {'main.py': main.PRESET, 'main_online.py': main_online.PRESET}[driver]
+    fresh = flags.FlagValues()
+    argv = [driver, *argv]
+    stderr = io.StringIO()
+    # ml_collections' config flag reads its `--agent.*` overrides from sys.argv, as in the drivers.
+    with mock.patch.object(sys, 'argv', argv), contextlib.redirect_stderr(stderr):
+        try:
+            flags_parser(preset, 'summary', fresh)(argv)
+        except SystemExit as e:
+            return e.code, stderr.getvalue()
+        try:
+            from_flags(fresh, preset)
+        except UserError as e:
+            return e.exit_code, f'{e.prefix}{e}'
+    return None
+
+
+@pytest.mark.parametrize('driver, args, message', REFUSALS, ids=IDS)
 def test_bad_settings_are_refused_in_one_line_before_loading(tmp_path, driver, args, message):
     empty = tmp_path / 'no_data'  # a dataset folder without the data: a refusal here comes before any loading
+    empty.mkdir()
+    argv = [f'--env_name={TASK}', f'--dataset_dir={empty}', f'--save_dir={tmp_path}', *args]
+    code, stderr = refusal_in_process(driver, argv)
+    lines = stderr.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith('error: ') and message in lines[0], stderr
+
+
+@pytest.mark.parametrize(
+    'driver, args, message', [REFUSALS[0], REFUSALS[3], REFUSALS[-1]], ids=['key', 'value', 'flag']
+)
+def test_the_drivers_refuse_in_one_line_with_exit_2_and_write_nothing(tmp_path, driver, args, message):
+    empty = tmp_path / 'no_data'
     empty.mkdir()
     proc = run_driver(driver, [f'--env_name={TASK}', f'--dataset_dir={empty}', f'--save_dir={tmp_path}', *args])
     assert proc.returncode == 2, proc.stderr[-2000:]

@@ -416,10 +416,11 @@ def help_text(preset, agent_path, program, summary):
     return '\n'.join(lines)
 
 
-def flags_parser(preset, summary):
-    """The `flags_parser` of a driver's `absl.app.run`, which defines the driver's flags (`define_flags`) and parses
-    them: `--help` prints `help_text` and exits 0; a missing agent file, an unknown `--agent.KEY` and anything absl
-    refuses (unknown flags, bad values) end in one line and exit 2, before anything is loaded."""
+def flags_parser(preset, summary, flag_values=flags.FLAGS):
+    """The `flags_parser` of a driver's `absl.app.run`, which defines the driver's flags (`define_flags`) in
+    `flag_values` and parses them: `--help` prints `help_text` and exits 0; a missing agent file, an unknown
+    `--agent.KEY` and anything absl refuses (unknown flags, bad values) end in one line and exit 2, before anything
+    is loaded."""
 
     def parse(argv):
         program = os.path.basename(argv[0])
@@ -428,9 +429,9 @@ def flags_parser(preset, summary):
                 print(help_text(preset, agent_file_of(argv, preset), program, summary))
                 sys.exit(0)
             check_agent_args(argv, preset)  # before the config flag reads its overrides from the command line
-            define_flags(preset)
+            define_flags(preset, flag_values)
             try:
-                return flags.FLAGS(argv)
+                return flag_values(argv)
             except flags.Error as e:
                 raise UsageError(' '.join(str(e).split())) from e
         except UserError as e:
