@@ -138,9 +138,12 @@ def spec(method, seeds, steps, scale, data_dir):
 
 
 def has_gpu():
-    import jax
-
-    return jax.default_backend() != 'cpu'
+    """Whether JAX sees an accelerator, asked in a child process: JAX in this one would take the GPU's memory
+    (preallocation) from the training processes it launches."""
+    probe = [sys.executable, '-c', 'import jax; print(jax.default_backend())']
+    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE='false')
+    out = subprocess.run(probe, env=env, capture_output=True, text=True)
+    return out.returncode == 0 and out.stdout.strip().splitlines()[-1:] != ['cpu']
 
 
 def main(argv=None):

@@ -294,10 +294,6 @@ def check_agent_config(config):
 
 def validate(run):
     """Returns `run` when every setting is usable; raises `UsageError` with one actionable line otherwise."""
-    check_agent_config(run.agent)
-    from envs.env_utils import get_env_family
-
-    get_env_family(run.env_name)  # An unknown environment or task is refused before anything loads.
     for field in dataclasses.fields(run):
         if field.metadata:
             _check_bounds(field.name, getattr(run, field.name), field.metadata)
@@ -314,6 +310,10 @@ def validate(run):
         path = getattr(run, name)
         if path is not None and not os.path.isdir(path):
             raise UsageError(f'--{name} {path} is not a directory')
+    check_agent_config(run.agent)
+    from envs.env_utils import get_env_family
+
+    get_env_family(run.env_name)  # An unknown environment or task is refused before anything loads.
     replay_share = 1.0 - run.preset.online_data_fraction
     if run.online_steps > 0 and replay_share > 0 and not run.preset.replay_starts_with_data:
         if run.start_training < horizon:
