@@ -3,11 +3,12 @@
 Most of the suite's time is compiling small agents, often the same program again (every Trainer and every driver
 subprocess compiles its agent anew, and every run of the suite compiles the same programs). A cache keyed by the
 compiled program serves repeats from disk; results are those of the same compiled code, so nothing a test compares
-changes. It lives in `~/.cache/qc-jax/test-xla` (or $JAX_COMPILATION_CACHE_DIR) and is bounded: JAX evicts the
-least recently used programs beyond `CACHE_BYTES`.
+changes. It lives in `~/.cache/qc-jax/test-xla` (or $JAX_COMPILATION_CACHE_DIR) and is bounded: a cache grown
+past `CACHE_BYTES` is emptied when the suite starts (JAX's own size limit needs the `filelock` package).
 """
 
 import os
+import shutil
 
 import jax
 import pytest
@@ -15,15 +16,21 @@ from helpers import generate_cube_single
 
 CACHE_BYTES = 1 << 30
 
+
+def _size(path):
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
+
+
 if 'JAX_COMPILATION_CACHE_DIR' not in os.environ:
-    os.environ['JAX_COMPILATION_CACHE_DIR'] = os.path.join(os.path.expanduser('~'), '.cache', 'qc-jax', 'test-xla')
+    cache = os.path.join(os.path.expanduser('~'), '.cache', 'qc-jax', 'test-xla')
+    if os.path.isdir(cache) and _size(cache) > CACHE_BYTES:
+        shutil.rmtree(cache, ignore_errors=True)
+    os.environ['JAX_COMPILATION_CACHE_DIR'] = cache
     os.environ['JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS'] = '0'
     os.environ['JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES'] = '0'
-    os.environ['JAX_COMPILATION_CACHE_MAX_SIZE'] = str(CACHE_BYTES)
 jax.config.update('jax_compilation_cache_dir', os.environ['JAX_COMPILATION_CACHE_DIR'])
 jax.config.update('jax_persistent_cache_min_compile_time_secs', 0)
 jax.config.update('jax_persistent_cache_min_entry_size_bytes', 0)
-jax.config.update('jax_compilation_cache_max_size', int(os.environ.get('JAX_COMPILATION_CACHE_MAX_SIZE', CACHE_BYTES)))
 
 
 @pytest.fixture(scope='session')
