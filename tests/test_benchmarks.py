@@ -9,6 +9,7 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from helpers import ROOT, subprocess_env
 
 from benchmarks import reference_curves
@@ -34,6 +35,7 @@ def test_dot_flops_with_batch_dims():
     assert sum(dot_flops(k) * n for k, n in ops.items()) == 2 * 2 * 8 * 4 * 5
 
 
+@pytest.mark.slow
 def test_quick_suite_runs(tmp_path):
     out = tmp_path / 'results.json'
     proc = subprocess.run(

@@ -40,6 +40,7 @@ def run_main(data_dir, save_dir, *args):
     )
 
 
+@pytest.mark.slow
 def test_offline_then_online_with_utd_and_checkpoints(data_dir, tmp_path):
     proc = run_main(
         data_dir,
@@ -158,6 +159,7 @@ def test_fused_offline_phase_logs_the_same_rows_as_one_update_per_step(data_dir,
 
 
 @pytest.mark.skipif(ctypes.util.find_library('OSMesa') is None, reason='needs libosmesa6 (OSMesa) to render offscreen')
+@pytest.mark.slow
 def test_pixel_run_with_frame_stack_and_augmentation(tmp_path):
     """A visual OGBench run end to end: uint8 frames, impala encoder, stacked frames, random crops, both phases."""
     env = dict(subprocess_env(), MUJOCO_GL='osmesa', PYOPENGL_PLATFORM='osmesa')

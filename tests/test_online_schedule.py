@@ -50,6 +50,7 @@ def counting(monkeypatch, name):
     ],
     ids=['main', 'main_online'],
 )
+@pytest.mark.slow
 def test_fused_online_updates_equal_one_update_call_per_step(cube_dir, tmp_path, monkeypatch, preset, extra):
     base = [*TINY, *extra, f'--dataset_dir={cube_dir}', f'--save_dir={tmp_path}', '--online_steps=14',
             '--log_interval=7', '--eval_interval=0']  # fmt: skip
@@ -123,6 +124,7 @@ def test_steady_online_steps_wait_only_for_actions_and_update_once_per_chunk(cub
     ],
     ids=['seeds', 'one_seed'],
 )
+@pytest.mark.slow
 def test_environments_in_worker_processes_give_the_serial_results(cube_dir, tmp_path, preset, extra, counts):
     # 210 online steps: every training episode (200 steps) ends and resets (inside a chunk, H = 3, where chunks run).
     base = [*TINY, f'--dataset_dir={cube_dir}', f'--save_dir={tmp_path}', '--online_steps=210', '--log_interval=105',

@@ -97,6 +97,7 @@ class RandomChunks:
         return self.rng.uniform(-1, 1, size=self.action_dim).astype(np.float32)
 
 
+@pytest.mark.slow
 def test_evaluation_video_is_an_mp4_with_every_frame(tmp_path):
     assert gl_backend.choose_gl_backend(environ={}) in gl_backend.CANDIDATES, 'nothing renders here'
     # A fresh interpreter renders with the backend chosen here (this one may hold robosuite's MUJOCO_GL).

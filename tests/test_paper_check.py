@@ -45,6 +45,7 @@ def test_a_cpu_without_tiny_is_refused_in_one_line(tmp_path):
     assert not os.listdir(tmp_path)
 
 
+@pytest.mark.slow
 def test_the_tiny_check_runs_the_whole_chain(tmp_path):
     out = tmp_path / 'check'
     proc = subprocess.run(['bash', 'scripts/paper_check.sh', '--tiny', f'--out={out}'], cwd=ROOT,

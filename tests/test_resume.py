@@ -80,6 +80,7 @@ def assert_same_params(a, b):
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.slow
 def test_sigkill_then_resume_reproduces_the_uninterrupted_run(data_dir, tmp_path):
     reference = run_driver('main.py', args_for(data_dir, tmp_path, 'whole', *OFFLINE))
     assert reference.returncode == 0, reference.stderr[-3000:]
@@ -116,6 +117,7 @@ def test_sigkill_then_resume_reproduces_the_uninterrupted_run(data_dir, tmp_path
     )
 
 
+@pytest.mark.slow
 def test_sigterm_writes_a_checkpoint_and_exits_zero_then_online_resume_finishes(data_dir, tmp_path):
     steps = ['--offline_steps=6', '--online_steps=100000', '--log_interval=5', '--eval_interval=0',
              '--start_training=3', '--horizon_length=2']  # fmt: skip
@@ -176,6 +178,7 @@ def test_an_existing_run_is_not_overwritten_without_resume(data_dir, tmp_path):
     assert again.returncode == 2 and 'add --resume' in again.stderr.strip().splitlines()[-1]
 
 
+@pytest.mark.slow
 def test_sigkill_then_resume_of_several_seeds_reproduces_the_uninterrupted_run(data_dir, tmp_path):
     # Blocks of 3 updates only (one compile); the evaluations at 12 and 24 leave time to kill it after step 12.
     seeds = ['--seeds=0,1', '--offline_steps=24', '--save_interval=6', '--log_interval=6', '--eval_interval=12']

@@ -50,6 +50,7 @@ def log_rows(run_dir):
 
 
 @pytest.mark.parametrize('seeds', [(0,), (0, 1)], ids=['one seed', 'two seeds'])
+@pytest.mark.slow
 def test_a_restart_without_checkpoint_leaves_the_logs_of_one_uninterrupted_run(cube_dir, tmp_path, seeds):
     seed_flag = f'--seeds={",".join(map(str, seeds))}'
     suffixes = [''] if len(seeds) == 1 else [f'_sd{s}' for s in seeds]
@@ -115,6 +116,7 @@ def _cut_at_step_2(cube_dir, save_dir, name):
     return manager, read_checkpoint_file(manager.path(2))['state']
 
 
+@pytest.mark.slow
 def test_checkpoints_of_the_earlier_layout_resume_and_newer_ones_are_refused(cube_dir, tmp_path, capsys):
     manager, state = _cut_at_step_2(cube_dir, tmp_path, 'old')
     assert state['format'] == checkpointing.CHECKPOINT_FORMAT and state['phase'] == 'offline'

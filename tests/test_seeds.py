@@ -70,6 +70,7 @@ OFFLINE_CASES = [('qc', (0, 1, 2), (0, 1, 2), 1), ('qc-fql', (0, 2), (2,), 0), (
 
 
 @pytest.mark.parametrize('agent, seeds, compared, episodes', OFFLINE_CASES)
+@pytest.mark.slow
 def test_offline_seeds_log_what_each_seed_logs_alone(cube_dir, tmp_path, agent, seeds, compared, episodes):
     seed_list = ','.join(map(str, seeds))
     args = [*OFFLINE, f'--eval_episodes={episodes}']
@@ -101,6 +102,7 @@ def test_offline_seeds_log_what_each_seed_logs_alone(cube_dir, tmp_path, agent, 
     assert rows[0]['critic/critic_loss'] != rows[1]['critic/critic_loss']
 
 
+@pytest.mark.slow
 def test_online_seeds_start_like_each_seed_alone(cube_dir, tmp_path):
     """The first chunk and the first update of every seed match its single run; after that, float rounding of the
     vmapped update may change later chunks, so trajectories are allowed to drift and are not compared."""

@@ -264,6 +264,7 @@ def check_finished_sweep(sweep_dir):
     return lines
 
 
+@pytest.mark.slow
 def test_local_sweep_runs_skips_finished_runs_and_tabulates(data_dir, tmp_path):
     path = write_spec(tmp_path / 'spec.json', data_dir)
     sweep_dir = str(tmp_path / 'sweep')
@@ -312,6 +313,7 @@ def slurm_cluster(tmp_path):
         subprocess.run(['bash', script, 'stop', str(state)], env=env, capture_output=True)
 
 
+@pytest.mark.slow
 def test_slurm_sweep_survives_a_preemption(data_dir, tmp_path, slurm_cluster):
     env = slurm_cluster
     # The QC runs are long enough (in steps) to be preempted after their first checkpoint.
