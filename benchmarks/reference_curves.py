@@ -19,6 +19,7 @@ what it computes: robomimic is unused for OGBench tasks and wandb only logs.
 """
 
 import argparse
+import csv
 import glob
 import json
 import os
@@ -81,8 +82,6 @@ def eval_csv(work_dir, code, seed):
 
 def read_curve(path):
     """{step: success} of an eval.csv (both codes write `step` and `success` columns)."""
-    import csv
-
     with open(path) as f:
         return {int(float(row['step'])): float(row['success']) for row in csv.DictReader(f)}
 
@@ -154,7 +153,7 @@ def run_all(args):
                 os.makedirs(out)
                 if args.jobs > 1 and shutil.which('taskset'):
                     argv = ['taskset', '-c', str(slot % cores), *argv]
-                log = open(os.path.join(out, 'stdout.log'), 'w')  # noqa: SIM115 (closed when the run ends)
+                log = open(os.path.join(out, 'stdout.log'), 'w')  # closed when the run ends, below
                 proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT)
                 running[slot] = (code, seed, proc, time.time(), log)
                 print(f'started {code} seed {seed}', flush=True)
@@ -277,6 +276,10 @@ def main(argv=None):
     parser.add_argument('--data_dir', default=None, help=f'folder of {DATASET}.npz (default: <work_dir>/data)')
     parser.add_argument('--out', default=os.path.join(ROOT, 'benchmarks', 'results_reference.json'))
     args = parser.parse_args(argv)
+    for name in ('seeds', 'online_steps', 'eval_interval', 'eval_episodes', 'jobs', 'start_training'):
+        low = 0 if name == 'start_training' else 1
+        if getattr(args, name) < low:
+            sys.exit(f'error: --{name} must be >= {low}, got {getattr(args, name)}')
     args.data_dir = args.data_dir or os.path.join(args.work_dir, 'data')
     if not args.report_only:
         if not args.reference:

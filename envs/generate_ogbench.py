@@ -176,15 +176,15 @@ class EpisodeCollector:
         self.oracles = _make_oracles(self.env, env_base, noise, noise_smoothing)
 
     def collect(self, seed, index):
-        """Episode `index` of the dataset made with `seed`: (index, per-step arrays). A scene episode that OGBench
-        would drop (the cube out of view) is redone with the episode's next seeds."""
+        """Episode `index` of the dataset made with `seed` (per-step arrays). A scene episode that OGBench would drop
+        (the cube out of view) is redone with the episode's next seeds."""
         attempt = 0
         while True:
             reset_seed, noise_seed, rng = episode_seeds(seed, index, attempt)
             with legacy_numpy_seed(noise_seed):
                 ep = collect_episode(self.env, self.oracles, self.env_base, rng, self.episode_length, reset_seed)
             if self.env_base != 'scene' or _scene_episode_is_healthy(ep['qpos']):
-                return index, ep
+                return ep
             attempt += 1
 
 
@@ -197,7 +197,7 @@ def _start_worker(*args):
 
 
 def _collect_in_worker(seed, index):
-    return _COLLECTOR.collect(seed, index)
+    return index, _COLLECTOR.collect(seed, index)
 
 
 def collect_episodes(gym_id, env_base, total, episode_length, seed, noise, noise_smoothing, workers, show_progress):
@@ -214,7 +214,7 @@ def collect_episodes(gym_id, env_base, total, episode_length, seed, noise, noise
         if workers == 1:
             collector = EpisodeCollector(*settings)
             for index in range(total):
-                episodes[index] = collector.collect(seed, index)[1]
+                episodes[index] = collector.collect(seed, index)
                 progress.update(1)
             collector.env.close()
             return episodes

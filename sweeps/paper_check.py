@@ -46,6 +46,7 @@ class Scale:
     min_steps: int
     eval_episodes: int
     flags: dict  # Extra flags of every run (the tiny networks).
+    rates_source: str  # Where the rates come from, for the printed plan.
 
 
 PAPER = Scale(
@@ -53,6 +54,7 @@ PAPER = Scale(
     # Offline fused updates on one H200 at paper size (benchmarks/gpu/seeds_h200.json, updates_h200.json).
     rates={'QC-FQL': {1: 644.0, 8: 1676.0}, 'QC': {1: 411.0, 8: 503.0}},
     startup_s=90.0, eval_s=10.0, min_steps=POINT_SPACING, eval_episodes=50, flags={},
+    rates_source='H200 rates, benchmarks/RESULTS.md',
 )  # fmt: skip
 TINY = Scale(
     data_episodes=3, episode_length=60, gen_steps_per_core_s=400.0, max_seeds={'QC-FQL': 2, 'QC': 1},
@@ -60,6 +62,7 @@ TINY = Scale(
     eval_episodes=2,
     flags={'agent.actor_hidden_dims': [16, 16], 'agent.value_hidden_dims': [16, 16], 'agent.batch_size': 8,
            'agent.flow_steps': 2, 'agent.actor_num_samples': 2, 'log_interval': 100},
+    rates_source='rough CPU rates of the tiny networks',
 )  # fmt: skip
 
 
@@ -87,8 +90,9 @@ class Plan:
     seeds: dict  # {method: seeds}, QC-FQL first; 0 seeds: not run.
     seconds: dict  # {part: estimated seconds}
 
-    def lines(self, budget_s, eval_episodes):
-        parts = ['plan (times estimated from H200 rates, benchmarks/RESULTS.md):']
+    def lines(self, budget_s, scale):
+        eval_episodes = scale.eval_episodes
+        parts = [f'plan (times estimated from {scale.rates_source}):']
         if self.generate:
             parts.append(f'  generate {DATASET} on all cores: {self.seconds["data"] / 60:.1f} min')
         used = self.seconds['data']
@@ -166,7 +170,7 @@ def main(argv=None):
     cores = os.cpu_count() or 1
     generate = not os.path.exists(os.path.join(data_dir, f'{DATASET}.npz'))
     plan = make_plan(scale, args.budget_minutes * 60, generate, cores)
-    print('\n'.join(plan.lines(args.budget_minutes * 60, scale.eval_episodes)), flush=True)
+    print('\n'.join(plan.lines(args.budget_minutes * 60, scale)), flush=True)
 
     start = time.time()
     if generate:

@@ -104,11 +104,16 @@ def test_reference_comparison_reads_both_codes_runs(tmp_path):
     assert [r['step'] for r in result['rows']] == [10, 20, 'auc']
 
 
-def test_reference_comparison_refuses_a_folder_that_is_not_the_reference(tmp_path):
+@pytest.mark.parametrize(
+    'args, line',
+    [([], 'is not a checkout of the reference (no main_online.py there)'), (['--jobs=0'], '--jobs must be >= 1')],
+)
+def test_reference_comparison_refuses_bad_input_in_one_line(tmp_path, args, line):
     proc = subprocess.run(
-        [sys.executable, '-m', 'benchmarks.reference_curves', f'--reference={tmp_path}', f'--work_dir={tmp_path}'],
+        [sys.executable, '-m', 'benchmarks.reference_curves', f'--reference={tmp_path}', f'--work_dir={tmp_path}',
+         *args],
         cwd=ROOT, env=subprocess_env(), capture_output=True, text=True,
     )  # fmt: skip
-    assert proc.returncode != 0
-    assert proc.stderr.strip().splitlines() == [f'error: {tmp_path} is not a checkout of the reference (no '
-                                                'main_online.py there)']  # fmt: skip
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode != 0 and len(lines) == 1 and lines[0].startswith('error: ') and line in lines[0]
+    assert os.listdir(tmp_path) == []  # nothing written

@@ -131,3 +131,12 @@ def test_the_note_is_printed_and_the_run_goes_on(tmp_path):
     assert proc.stdout.splitlines()[0] == ('note: the paper runs QC-FQL on cube-double with --agent.alpha=300.0 '
                                            '(this run: 100.0); training on')  # fmt: skip
     assert proc.returncode == 2 and 'OGBench dataset not found' in proc.stderr
+
+
+def test_agent_rules_apply_to_registered_agents_and_leave_others_to_their_classes():
+    from training.config import check_agent_config
+
+    with pytest.raises(UserError, match='--agent.num_qs must be a positive integer, got 0'):
+        check_agent_config(dict(acrlpd.get_config(), num_qs=0))
+    # An agent handed to `Trainer` directly (not in `agents.agents`): `create_agents` checks it against its classes.
+    assert check_agent_config({'agent_name': 'my_agent', 'num_qs': 0}) is None

@@ -30,7 +30,7 @@ def test_the_plan_gives_qc_fql_its_8_seeds_first_then_qc_what_is_left():
 
 def test_the_plan_is_printed_with_its_choices():
     plan = paper_check.make_plan(paper_check.PAPER, 10 * MINUTE, generate=True, cores=16)
-    text = '\n'.join(plan.lines(10 * MINUTE, 50))
+    text = '\n'.join(plan.lines(10 * MINUTE, paper_check.PAPER))
     assert 'generate cube-double-play-v0 on all cores' in text
     assert f'QC-FQL: {plan.seeds["QC-FQL"]} seeds in one process, 100,000 offline steps, 50 evaluation' in text
     assert 'QC: not run (one seed takes' in text and 'of 10 min' in text

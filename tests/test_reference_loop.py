@@ -64,8 +64,7 @@ def scripted_random_action(step, action_dim):
 def scripted_chunk(index, observation, action_dim):
     """Chunk `index` (0-based) of the policy, a function of the observation it acts on. (H * A,)"""
     chunk = 0.9 * np.sin(0.71 * index + float(np.sum(observation)) + 0.13 * np.arange(HORIZON * action_dim))
-    chunk = chunk.reshape(HORIZON, action_dim)
-    chunk[:, 0] = np.minimum(chunk[:, 0], 0.9)
+    chunk = chunk.reshape(HORIZON, action_dim)  # every entry within +-0.9, below `SUCCESS`
     if index in SUCCESS_CHUNKS:
         chunk[SUCCESS_CHUNKS[index], 0] = SUCCESS
     return chunk.reshape(-1).astype(np.float32)

@@ -281,15 +281,19 @@ def _check_bounds(name, value, meta):
 
 
 def check_agent_config(config):
-    """Refuses an agent config whose `agent_name` is unknown or whose values break the rules its agent file
-    declares next to `get_config()` (`CONFIG_RULES`)."""
+    """Refuses an agent config whose values break the rules its agent file declares next to `get_config()`
+    (`CONFIG_RULES`). An `agent_name` outside the `agents` registry (a class handed to `Trainer` directly) is left
+    to `training.setup.create_agents`, which checks it against the classes the run was given."""
     from agents import agents
 
     name = config.get('agent_name')
     if name not in agents:
-        raise UsageError(f'unknown agent_name {name!r} in the agent config; known: {", ".join(sorted(agents))}')
+        return
     module = sys.modules[agents[name].__module__]
-    check_config(config, module.CONFIG_RULES, os.path.relpath(module.__file__))
+    where = os.path.relpath(module.__file__)
+    if not hasattr(module, 'CONFIG_RULES'):
+        raise UsageError(f'{where} declares no CONFIG_RULES next to get_config() (see utils/config_rules.py)')
+    check_config(config, module.CONFIG_RULES, where)
 
 
 def validate(run):
@@ -330,7 +334,8 @@ def validate(run):
 def load_agent_file(path):
     """The module of an agent config file (what `--agent=PATH` names); `UsageError` when it is missing."""
     if not os.path.isfile(path):
-        known = ', '.join(sorted(f'agents/{f}' for f in os.listdir('agents') if f.endswith('.py') and f[0] != '_'))
+        agents_dir = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'agents')
+        known = ', '.join(sorted(f'agents/{f}' for f in os.listdir(agents_dir) if f.endswith('.py') and f[0] != '_'))
         raise UsageError(f'--agent={path}: no such agent file (agent files: {known})')
     spec = importlib.util.spec_from_file_location(f'agent_config_{abs(hash(path))}', path)
     module = importlib.util.module_from_spec(spec)
@@ -398,8 +403,8 @@ def help_text(preset, agent_path, program, summary):
             if meta['phase'] == 'offline' and not preset.offline:
                 continue
             default = meta['flag_default'](preset) if callable(meta['flag_default']) else meta['flag_default']
-            if name == 'seeds':
-                default = '0'
+            if isinstance(default, tuple):  # a list flag (`--seeds`): given as comma-separated values
+                default = ','.join(map(str, default))
             rows.append((f'--{name}', f'{meta["help"]} [{default}]'))
         lines += [f'  {group}', *_rows(rows)]
     lines += ['  aliases', *_rows([

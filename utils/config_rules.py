@@ -47,11 +47,9 @@ def number():
     return Rule(_is_number, 'a number')
 
 
-def fraction(low_open=True):
-    """A number in (0, 1] (or [0, 1] with `low_open=False`): discounts, Polyak rates, probabilities."""
-    if low_open:
-        return Rule(lambda v: _is_number(v) and 0 < v <= 1, 'a number in (0, 1]')
-    return Rule(lambda v: _is_number(v) and 0 <= v <= 1, 'a number in [0, 1]')
+def fraction():
+    """A number in (0, 1]: discounts, Polyak rates."""
+    return Rule(lambda v: _is_number(v) and 0 < v <= 1, 'a number in (0, 1]')
 
 
 def boolean():
