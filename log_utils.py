@@ -1,7 +1,7 @@
 """Run bookkeeping: CSV metric logs, optional wandb, flags and videos.
 
 Everything here works without wandb or imageio installed; those packages only add features when present.
-Learning-curve plots live in `training/plotting.py`; `python -m log_utils plot RUN_DIR ... --out curves.png` runs them.
+Learning-curve plots live in `analysis/plotting.py`; `python -m log_utils plot RUN_DIR ... --out curves.png` runs them.
 """
 
 import csv
@@ -429,6 +429,6 @@ def save_video(frames, path, fps=15):
 
 
 if __name__ == '__main__':
-    from training.plotting import main
+    from analysis.plotting import main
 
     sys.exit(main())

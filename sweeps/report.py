@@ -1,7 +1,7 @@
 """`sweep.py status` and `sweep.py table`: what every run of a sweep is doing, and the paper-style results.
 
 Both read only files: the sweep's record (`sweep.json`), the drivers' run directories (only through
-`training.run_files`) and the job state files; `squeue`, where it exists, tells a queued or running SLURM job from one
+`analysis.run_files`) and the job state files; `squeue`, where it exists, tells a queued or running SLURM job from one
 that is gone.
 """
 
@@ -13,9 +13,9 @@ import subprocess
 
 import numpy as np
 
-from sweeps import jobs, paper
+from analysis import paper, run_files
+from sweeps import jobs
 from sweeps.spec import RUNS_DIR, Run, group_units
-from training import run_files
 from utils.errors import UserError
 
 STATES = ('pending', 'running', 'finished', 'failed')
@@ -216,7 +216,7 @@ def table_rows(sweep_dir, rng):
 def table_markdown(sweep_dir, seed=0):
     """The paper-style table: success (%) at the end of the offline and of the online phase per task x method,
     mean over seeds with a 95% bootstrap interval, and the number of seeds; next to each, the paper's published
-    value at the same point (`sweeps/paper.py`), marked `!` where the two intervals do not overlap. A sweep over
+    value at the same point (`analysis/paper.py`), marked `!` where the two intervals do not overlap. A sweep over
     every task of a paper domain adds the domain's row (mean over its tasks)."""
     rng = np.random.default_rng(seed)
     lines = [

@@ -1,4 +1,5 @@
-"""The project's import graph, read with `ast`: no circle between modules, and `utils/` stays foundation code."""
+"""The project's import graph, read with `ast`: no circle between modules, `utils/` stays foundation code, and
+`analysis/` (run files, curves, plots, the published curves) stays below the run layer and `log_utils.py`."""
 
 import ast
 import os
@@ -7,6 +8,8 @@ from helpers import ROOT
 
 SKIP_DIRS = {'.git', '.library', '__pycache__', 'exp', 'wandb', '.venv', 'venv'}
 UPWARD_FROM_UTILS = ('envs', 'evaluation', 'log_utils', 'training', 'main', 'main_online', 'agents', 'sweep', 'sweeps')
+UPWARD_FROM_ANALYSIS = UPWARD_FROM_UTILS  # analysis/ sits just above utils/: the same modules are above it
+UPWARD_FROM_LOG_UTILS = ('training', 'sweeps')
 
 
 def project_modules():
@@ -87,14 +90,27 @@ def test_import_graph_has_no_circle():
     assert find_cycle(graph) is None, ' -> '.join(find_cycle(graph))
 
 
-def test_utils_imports_only_foundation_modules():
+def upward_imports(graph, package, upward):
+    """'module imports dependency' for every module of `package` (itself or below) importing a module of `upward`."""
     offenders = []
-    for module, deps in import_graph().items():
-        if module == 'utils' or module.startswith('utils.'):
-            for d in deps:
-                if d.split('.')[0] in UPWARD_FROM_UTILS:
-                    offenders.append(f'{module} imports {d}')
+    for module, deps in graph.items():
+        if module == package or module.startswith(package + '.'):
+            offenders += [f'{module} imports {d}' for d in sorted(deps) if d.split('.')[0] in upward]
+    return offenders
+
+
+def test_utils_imports_only_foundation_modules():
+    offenders = upward_imports(import_graph(), 'utils', UPWARD_FROM_UTILS)
     assert not offenders, offenders
+
+
+def test_analysis_and_log_utils_sit_below_the_run_layer():
+    graph = import_graph()
+    assert {'analysis.run_files', 'analysis.plotting', 'analysis.paper', 'log_utils'} <= set(graph)
+    offenders = upward_imports(graph, 'analysis', UPWARD_FROM_ANALYSIS)
+    offenders += upward_imports(graph, 'log_utils', UPWARD_FROM_LOG_UTILS)
+    assert not offenders, offenders
+    assert 'analysis.plotting' in graph['log_utils']  # the `python -m log_utils plot` entry point
 
 
 def test_cycle_finder_sees_a_circle():

@@ -15,7 +15,7 @@ from absl import flags
 from ml_collections import ConfigDict, config_flags
 
 import log_utils
-from training import plotting
+from analysis import plotting
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -376,7 +376,7 @@ def test_plot_cli_single_run_and_missing_dir(tmp_path, capsys):
 
 
 def test_log_utils_module_runs_the_plot_cli(tmp_path):
-    # The README's command: `python -m log_utils plot ...` must keep working after plotting moved to utils/.
+    # The README's command: `python -m log_utils plot ...` must keep working after plotting moved to analysis/.
     run = tmp_path / 'g' / 'run0'
     write_eval_csv(run, [(0, 0.0, 1.0), (50, 1.0, 2.0)])
     out = tmp_path / 'cli.png'

@@ -12,7 +12,8 @@ from helpers import parse_run, read_csv
 import main
 import main_online
 from agents import agents
-from training import Trainer, run_files
+from analysis import run_files
+from training import Trainer
 from training.seeds import SeedGroup
 
 TOL = dict(rtol=1e-5, atol=1e-6)

@@ -12,10 +12,10 @@ import pytest
 from helpers import ROOT, generate_cube_single, parse_run, subprocess_env
 
 import log_utils
+from analysis import plotting
 from envs import gl_backend
 from evaluation import evaluate
 from sweeps.presets import METHODS
-from training import plotting
 
 ENV = 'cube-single-play-singletask-task2-v0'
 TINY = [

@@ -13,8 +13,8 @@ from helpers import fake_run, parse_run
 
 import log_utils
 import main
-from sweeps import paper, report, spec
-from training import plotting
+from analysis import paper, plotting
+from sweeps import report, spec
 
 TASK2 = 'cube-triple-play-singletask-task2-v0'
 CUBE_TRIPLE = [f'cube-triple-play-singletask-task{k}-v0' for k in range(1, 6)]
@@ -22,7 +22,7 @@ M = 1_000_000
 
 
 def test_the_shipped_csv_is_the_released_one():
-    # sweeps/published/README.md records the SHA-256 of the shared file the copy was made from.
+    # analysis/published/README.md records the SHA-256 of the shared file the copy was made from.
     readme = open(os.path.join(os.path.dirname(paper.PUBLISHED_CSV), 'README.md')).read()
     recorded = re.search(r'SHA-256 of the file: `([0-9a-f]{64})`', readme).group(1)
     assert hashlib.sha256(open(paper.PUBLISHED_CSV, 'rb').read()).hexdigest() == recorded

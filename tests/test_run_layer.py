@@ -12,7 +12,8 @@ from helpers import ROOT, parse_run, read_csv, tagged_dataset
 
 import main
 from agents import agents
-from training import StopTraining, Trainer, checkpointing, run_files
+from analysis import run_files
+from training import StopTraining, Trainer, checkpointing
 from training.config import AGENT_ALIASES, RunConfig, define_flags
 from training.data import LOSS_FIELDS
 from utils.checkpoints import CheckpointError, CheckpointManager, read_checkpoint_file
@@ -175,7 +176,7 @@ def test_sweeps_read_run_results_only_through_run_files():
         assert not strings & names, (name, strings & names)
         imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
         imported |= {f'{n.module}.{a.name}' for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
-        readers = {m for m in imported if m.startswith(('training.trainer', 'training.plotting', 'csv'))}
+        readers = {m for m in imported if m.startswith(('training.trainer', 'analysis.plotting', 'csv'))}
         assert not readers, (name, readers)
 
 

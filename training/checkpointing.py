@@ -15,7 +15,7 @@ only once every seed's new one is on disk, and a resume loads the newest step th
 
 import dataclasses
 
-from training.run_files import PHASES
+from analysis.run_files import PHASES
 from utils.checkpoints import CheckpointError
 from utils.errors import UsageError
 

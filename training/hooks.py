@@ -13,9 +13,10 @@ import time
 import numpy as np
 import tqdm
 
+from analysis import run_files
 from envs.common import DataError
 from evaluation import evaluate, run_lockstep, runner_options, summarize
-from training import checkpointing, run_files, summary
+from training import checkpointing, summary
 from training.schedule import every, is_eval_step
 from utils.errors import UserError
 from utils.flax_utils import save_agent

@@ -10,12 +10,12 @@ import tempfile
 import jax
 import numpy as np
 
+from analysis import run_files
 from envs.common import RENDERING_HINT, DataError, describe_error
 from envs.env_utils import make_run_envs, seed_env_list
 from envs.gl_backend import rendering_disabled_reason
 from envs.workers import WorkerPool
 from log_utils import Loggers, get_exp_name, save_flags, setup_wandb
-from training import run_files
 from training.data import process_run_dataset, replay_capacity
 from training.lanes import Lane, map_lanes, thread_pool
 from training.seeds import SeedGroup

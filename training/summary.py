@@ -1,5 +1,5 @@
 """The end of a run: where start-up time went, per phase the final evaluation, wall time and update rate, and the
-`finished.json` marker (`training.run_files`)."""
+`finished.json` marker (`analysis.run_files`)."""
 
 import os
 import time
@@ -7,7 +7,7 @@ import time
 import jax
 import numpy as np
 
-from training import run_files
+from analysis import run_files
 
 
 def seconds_since_process_start():

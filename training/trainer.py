@@ -9,7 +9,7 @@ alone would have (a `training.lanes.Lane`), in its own run directory.
 
 Where things are: run setup and start-up checks in `training.setup`, the loops in `training.loops`, the plumbing
 around their steps in `training.hooks`, checkpoints in `training.checkpointing`, the files of a run directory in
-`training.run_files`, the end-of-run summary in `training.summary`.
+`analysis.run_files`, the end-of-run summary in `training.summary`.
 """
 
 from training import checkpointing, loops, setup

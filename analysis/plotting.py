@@ -13,7 +13,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from training import run_files
+from analysis import paper, run_files
 
 
 def find_run_dirs(paths, csv_name=run_files.csv_name(run_files.EVAL_LOG)):
@@ -165,10 +165,8 @@ def plot_title(curves):
 
 
 def draw_published(ax, curve, color):
-    """Draws the published curve of a curve group's task and method (`sweeps/paper.py`) within its step range;
+    """Draws the published curve of a curve group's task and method (`analysis/paper.py`) within its step range;
     returns the line, or None where the paper has no such curve."""
-    from sweeps import paper
-
     flags = curve['flags']
     method, task = paper_method(flags), paper.published_task(str(flags.get('env_name', '')))
     points = paper.curve(task, method) if method and task else None

@@ -1,4 +1,4 @@
-"""The paper's published success curves (`sweeps/published/`), and where a run of ours meets them.
+"""The paper's published success curves (`analysis/published/`), and where a run of ours meets them.
 
 Published tasks are named as in the release: `cube-triple-play-task2` for our `cube-triple-play-singletask-task2-v0`,
 `cube-triple` for the mean over that domain's 5 tasks (`all`: the 25 OGBench tasks), `lift` for `lift-mh-low_dim`.
