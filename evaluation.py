@@ -14,6 +14,8 @@ import numpy as np
 from envs.workers import step_async
 from log_utils import to_scalar
 
+EVAL_EPISODES = 50  # Episodes of an evaluation (the reference's default; the runs' `--eval_episodes` default).
+
 
 class ActionQueue:
     """FIFO of single-step actions cut from the agent's chunks."""
@@ -171,9 +173,14 @@ def _fetch(chunks):
 _sample_one = jax.jit(_sample)
 
 
-@jax.jit
-def _vmapped_sample(agent, observations, seed, indices, chunks):
+def episode_chunks(agent, observations, seed, indices, chunks):
+    """The chunks of one evaluation's env copies, (C, H * A): copy c acts on `observations[c]` with the key
+    `episode_key(seed, indices[c], chunks[c])`. The one episode sampler: `sample_episode_chunks` compiles it for one
+    agent, `training.seeds.SeedGroup` maps it over seeds."""
     return jax.vmap(_sample, in_axes=(None, 0, None, 0, 0))(agent, observations, seed, indices, chunks)
+
+
+sample_episode_chunks = jax.jit(episode_chunks)
 
 
 def run_episode(agent, env, action_dim, seed, index, render_every=0, record=True):
@@ -284,7 +291,7 @@ def evaluate(
     agent,
     env,
     action_dim,
-    num_eval_episodes=50,
+    num_eval_episodes=EVAL_EPISODES,
     num_video_episodes=0,
     video_frame_skip=3,
     seed=0,
@@ -321,7 +328,7 @@ def evaluate(
     if envs:
 
         def sample_chunks(observations, seeds, indices, chunks):
-            return _fetch(_vmapped_sample(agent, observations[0], seeds[0], indices[0], chunks[0]))[None]
+            return _fetch(sample_episode_chunks(agent, observations[0], seeds[0], indices[0], chunks[0]))[None]
 
         finished = run_lockstep(sample_chunks, [list(envs)], action_dim, [seed], num_episodes, runner_kwargs)[0]
         runners = [finished[i] for i in range(num_episodes)]

@@ -47,24 +47,36 @@ class PartTimer:
         self.seconds = dict.fromkeys(STEP_PARTS, 0.0)
         self.calls = dict.fromkeys(STEP_PARTS, 0)
         self.first_time = None
+        self._inner = []  # Per wrapped call under way, the seconds of the wrapped calls made inside it.
 
     def wrap(self, part, fn):
+        """`fn`, its seconds added to `part`; the seconds of wrapped calls inside it count for their own part only
+        (a policy call first runs the agents' queued updates: dispatch, not policy)."""
+
         def timed(*args, **kwargs):
+            self._inner.append(0.0)
             t = time.perf_counter()
-            out = fn(*args, **kwargs)
+            try:
+                out = fn(*args, **kwargs)
+            finally:
+                seconds = time.perf_counter() - t
+                inner = self._inner.pop()
+                if self._inner:
+                    self._inner[-1] += seconds
             if self.step > self.start:
-                self.seconds[part] += time.perf_counter() - t
+                self.seconds[part] += seconds - inner
                 self.calls[part] += 1
             return out
 
         return timed
 
-    def begin(self, begin_step):
+    def begin(self, at_step, agents):
         def timed(step):
             self.step = step
             if step == self.start + 1:
                 self.first_time = time.perf_counter()
-            return begin_step(step)
+                self.updates_at_start = agents.updates
+            return at_step(step)
 
         return timed
 
@@ -116,7 +128,8 @@ def run(agent_name='QC', size='small', seeds=1, fused=True, steps=500, warmup_ch
     import main
     import main_online
     from agents import agents as agent_classes
-    from training import Trainer, loops
+    from training import Trainer
+    from training.actor import SeedActors
     from training.setup import env_worker_count
 
     os.environ.setdefault('WANDB_MODE', 'disabled')
@@ -130,11 +143,11 @@ def run(agent_name='QC', size='small', seeds=1, fused=True, steps=500, warmup_ch
         timer = PartTimer(start=warm)
         agents = trainer.agents
         agents.sample_chunks = timer.wrap('policy', agents.sample_chunks)
-        agents.batch_update = timer.wrap('dispatch', agents.batch_update)
+        agents.run_held = timer.wrap('dispatch', agents.run_held)  # where queued online updates are dispatched
         # The environment steps of all seeds (in this process and in the worker processes).
-        step_lanes = loops.step_lanes
-        loops.step_lanes = timer.wrap('env', step_lanes)
-        trainer.hooks.begin_step = timer.begin(trainer.hooks.begin_step)
+        env_step = SeedActors.env_step
+        SeedActors.env_step = timer.wrap('env', env_step)
+        trainer.hooks.at_step = timer.begin(trainer.hooks.at_step, agents)
         original_start = type(trainer.lanes[0]).start_online
 
         def start_online(lane):
@@ -146,10 +159,11 @@ def run(agent_name='QC', size='small', seeds=1, fused=True, steps=500, warmup_ch
         try:
             trainer.train()
         finally:
-            loops.step_lanes = step_lanes
+            SeedActors.env_step = env_step
         jax.block_until_ready(agents.agents)
         wall = time.perf_counter() - timer.first_time
         parts, calls = dict(timer.seconds), dict(timer.calls)
+        updates_before = timer.updates_at_start
         update_ms, policy_ms = alone_ms(trainer, horizon)
     out = dict(agent=agent_name, size=size, seeds=seeds, schedule='fused' if fused else 'per step', steps=steps,
                horizon=horizon, env_workers_flag=env_workers, env_workers=env_worker_count(run_config),
@@ -161,7 +175,7 @@ def run(agent_name='QC', size='small', seeds=1, fused=True, steps=500, warmup_ch
         out[f'{part}_ms'] = 1e3 * parts[part] / steps
     out['other_ms'] = out['step_ms'] - sum(out[f'{part}_ms'] for part in STEP_PARTS)
     out['policy_calls'] = calls['policy']
-    out['update_calls'] = calls['dispatch']
+    out['update_calls'] = agents.updates - updates_before
     out['update_alone_ms'], out['policy_alone_ms'] = update_ms, policy_ms
     env_ms = out['env_ms']
     if fused:

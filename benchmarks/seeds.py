@@ -64,7 +64,7 @@ def bench_seeds(agent_name, size, dataset, seed_counts=(1, 2, 4, 8), steps=10, r
         def sequential(singles=singles, blocks=blocks):
             return [agent.batch_update(b) for agent, b in zip(singles, blocks, strict=True)]
 
-        groups = {'seed_ups': 'auto', 'vmap_seed_ups': None} if compare_vmap and num_seeds > 1 else {'seed_ups': 'auto'}
+        groups = {'seed_ups': 0, 'vmap_seed_ups': num_seeds} if compare_vmap and num_seeds > 1 else {'seed_ups': 0}
         row = dict(agent=agent_name, size=size, seeds=num_seeds, steps=steps)
         calls = {'sequential_ups': sequential}
         for key, per_vmap in groups.items():

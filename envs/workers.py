@@ -128,7 +128,6 @@ class RemoteEnv:
         return self._call('render')
 
 
-
 def step_async(env, action):
     """Starts `env.step(action)`; returns the function that returns its result. A worker's environment starts at
     once; an environment of this process steps when the function is called, after the workers' steps were sent."""
@@ -146,24 +145,27 @@ def step_and_reset(env, action, state_fn=None):
     return result, state, env.reset()[0] if ended else None
 
 
-def steps_async(env, actions, state_fn=None):
-    """Starts `step_and_reset` with each of `actions` in turn, up to the first episode end; returns one function per
-    action that returns its result (None for the actions after the end, which never run). A worker's environment
-    runs them all at once, ahead of the caller (the actions of an open-loop chunk are known when it is sampled);
-    an environment of this process takes each step when its function is called."""
-    if isinstance(env, RemoteEnv):
-        return env.steps_async(actions, state_fn)
+def run_ahead(env, actions, state_fn=None):
+    """Yields `step_and_reset` with each of `actions` in turn, up to the step that ends an episode, then None for
+    each action after it (those never run): an open-loop chunk stepped ahead of its caller."""
     ended = False
-
-    def run(action):
-        nonlocal ended
+    for action in actions:
         if ended:
-            return None
+            yield None
+            continue
         out = step_and_reset(env, action, state_fn)
         ended = out[2] is not None
-        return out
+        yield out
 
-    return [functools.partial(run, action) for action in actions]
+
+def steps_async(env, actions, state_fn=None):
+    """Starts `run_ahead` with `actions`; returns one function per action that returns its result, to be called in
+    order. A worker's environment runs them all at once, ahead of the caller (the actions of an open-loop chunk are
+    known when it is sampled); an environment of this process takes each step when its function is called."""
+    if isinstance(env, RemoteEnv):
+        return env.steps_async(actions, state_fn)
+    results = run_ahead(env, actions, state_fn)
+    return [functools.partial(next, results)] * len(actions)
 
 
 class WorkerPool:
@@ -235,16 +237,12 @@ def _serve_requests(conn):
 
 
 def _run_steps(conn, env, actions, state_fn):
-    """Answers a `steps` request: one answer per action, None after the episode end (or after an error)."""
-    stopped = False
-    for action in actions:
-        if stopped:
-            conn.send((True, None))
-            continue
+    """Answers a `steps` request: one answer per action (`run_ahead`'s; None after an error)."""
+    results = run_ahead(env, actions, state_fn)
+    for _ in actions:
         try:
-            out = step_and_reset(env, action, state_fn)
-            conn.send((True, out))
-            stopped = out[2] is not None
+            answer = (True, next(results, None))  # A generator that raised is exhausted: None from then on.
         except Exception as e:
             _send_error(conn, e)
-            stopped = True
+            continue
+        conn.send(answer)

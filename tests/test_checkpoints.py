@@ -132,7 +132,9 @@ def test_stale_temp_files_are_removed(tmp_path):
     stale.write_bytes(b'x' * 100)
     other = tmp_path / '.keep.tmp'
     other.write_bytes(b'y')
-    CheckpointManager(tmp_path)
+    manager = CheckpointManager(tmp_path)
+    assert stale.exists()  # nothing changes on disk before the manager is used
+    assert manager.load_latest() is None
     assert not stale.exists() and other.exists()
 
 

@@ -228,13 +228,13 @@ def test_batched_evaluation_matches_sequential(monkeypatch):
 
     copies = [VaryingLengthEnv(episode_length=50) for _ in range(3)]
     calls = []
-    vmapped_sample = evaluation._vmapped_sample
+    vmapped_sample = evaluation.sample_episode_chunks
 
     def counted_sample(agent, observations, *key_parts):
         calls.append(len(observations))
         return vmapped_sample(agent, observations, *key_parts)
 
-    monkeypatch.setattr(evaluation, '_vmapped_sample', counted_sample)
+    monkeypatch.setattr(evaluation, 'sample_episode_chunks', counted_sample)
     stats_b, trajs_b, renders_b = evaluate(agent, None, ACTION_DIM, envs=copies, **kwargs)
     # Every copy ran episodes, and the batches were padded to the number of copies.
     assert all(env.reset_seeds for env in copies)
@@ -267,7 +267,7 @@ def test_lockstep_evaluation_of_several_agents_matches_each_alone():
 
     def sample_chunks(observations, key_seeds, indices, chunks):
         return np.stack([
-            evaluation._fetch(evaluation._vmapped_sample(a, observations[g], key_seeds[g], indices[g], chunks[g]))
+            evaluation._fetch(evaluation.sample_episode_chunks(a, observations[g], key_seeds[g], indices[g], chunks[g]))
             for g, a in enumerate(agents)
         ])  # fmt: skip
 

@@ -14,6 +14,8 @@ import main
 from agents import agents
 from analysis import run_files
 from training import StopTraining, Trainer, checkpointing
+from training import hooks as hooks_module
+from training.actor import SeedActors
 from training.config import AGENT_ALIASES, RunConfig, define_flags
 from training.data import LOSS_FIELDS
 from utils.checkpoints import CheckpointError, CheckpointManager, read_checkpoint_file
@@ -71,6 +73,63 @@ def test_a_restart_without_checkpoint_leaves_the_logs_of_one_uninterrupted_run(c
             run_dir = tmp_path / 'Debug' / f'cut{s}'
             assert log_rows(run_dir) == expected, (again, s)
             assert run_files.read_finished(run_dir)['step'] == 8
+
+
+# Two seeds, each seed's environments in a worker of its own.
+WORKER_RUN = ['--seeds=0,1', '--env_workers=2', '--offline_steps=0', '--online_steps=4', '--log_interval=1',
+              '--eval_interval=3', '--save_interval=0']  # fmt: skip
+
+
+@pytest.fixture(scope='module')
+def uninterrupted_worker_run(cube_dir, tmp_path_factory):
+    """{seed suffix: log rows} of an uninterrupted `WORKER_RUN`."""
+    save_dir = tmp_path_factory.mktemp('whole')
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv('WANDB_MODE', 'disabled')
+        trainer_for(cube_dir, save_dir, *WORKER_RUN, '--exp_name=whole').train()
+    return {s: log_rows(save_dir / 'Debug' / f'whole{s}') for s in ('_sd0', '_sd1')}
+
+
+@pytest.mark.parametrize('where', ['acting', 'evaluation'])
+def test_a_dead_environment_worker_stops_with_one_line_and_a_checkpoint_that_resumes(
+    cube_dir, tmp_path, monkeypatch, uninterrupted_worker_run, where
+):
+    # Seed 1's worker dies in online step 3: in the step's evaluation, or in its environment step.
+    cut = trainer_for(cube_dir, tmp_path, *WORKER_RUN, '--exp_name=cut')
+
+    def kill_at_step_3(fn):
+        def killing(*args, **kwargs):
+            if cut.log_step == 3 and cut.workers.workers[1].process.poll() is None:
+                cut.workers.workers[1].process.kill()
+                cut.workers.workers[1].process.wait()
+            return fn(*args, **kwargs)
+
+        return killing
+
+    if where == 'acting':
+        monkeypatch.setattr(SeedActors, 'env_step', kill_at_step_3(SeedActors.env_step))
+    else:
+        monkeypatch.setattr(hooks_module, 'run_lockstep', kill_at_step_3(hooks_module.run_lockstep))
+    with pytest.raises(hooks_module.WorkerDied) as stopped:
+        cut.train()
+    done = 3 if where == 'evaluation' else 2  # the step whose work is all done (bar the evaluation)
+    message = str(stopped.value)
+    assert '\n' not in message and stopped.value.exit_code == 1
+    assert 'an environment worker process exited (status -9)' in message and '--exp_name=cut --resume' in message
+    assert f'checkpoint written at step {done}' in message
+    monkeypatch.undo()
+    monkeypatch.setenv('WANDB_MODE', 'disabled')
+    trainer_for(cube_dir, tmp_path, *WORKER_RUN, '--exp_name=cut', '--resume').train()
+    for s in ('_sd0', '_sd1'):
+        whole, cut_rows = uninterrupted_worker_run[s], log_rows(tmp_path / 'Debug' / f'cut{s}')
+        for log in run_files.LOGS:  # every step's rows once, none missing
+            assert [r['step'] for r in cut_rows[log]] == [r['step'] for r in whole[log]], (s, log)
+        assert [r['step'] for r in whole['eval']] == ['3', '4']
+        # Up to the checkpoint the runs are one; an interrupted evaluation runs on the resumed run as it would have.
+        before = [[r for r in rows['online_agent'] if int(r['step']) <= done] for rows in (cut_rows, whole)]
+        assert before[0] == before[1] and before[0]
+        if where == 'evaluation':
+            assert cut_rows['eval'][0] == whole['eval'][0]
 
 
 def _assert_same(a, b, where='state'):

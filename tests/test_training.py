@@ -17,7 +17,7 @@ from agents import agents
 from agents.acfql import ACFQLAgent
 from training import StopTraining, Trainer
 from training import hooks as hooks_module
-from training.actor import OnlineActor, episode_row, policy_actions
+from training.actor import OnlineActor, SeedActors, episode_row
 from training.data import TRANSITION_KEYS, ChunkSampler, process_dataset
 from training.schedule import block_end
 from training.setup import create_agents
@@ -105,9 +105,10 @@ class ChunkAgent:
 def test_online_actor_samples_a_chunk_only_when_the_queue_is_empty_and_clears_it_on_reset():
     actor = OnlineActor(CountingEnv(), action_dim=2, seed=0, reward_fn=lambda r: r - 1.0)
     agent = ChunkAgent()
+    actors = SeedActors([actor], agent)
     transitions = []
     for _ in range(10):
-        transition, _, done = actor.step(policy_actions([actor], agent.sample_chunks)[0])
+        [(transition, _, done)] = actors.step()
         transitions.append((transition, done))
     # Steps 1-3 chunk 1, 4-6 chunk 2, step 7 chunk 3 then the episode ends and the queue is dropped.
     expected_calls = [1, 1, 1, 2, 2, 2, 3, 4, 4, 4]
@@ -218,13 +219,13 @@ TINY_RUN = [
 
 def test_evaluations_draw_fresh_starts_that_a_resume_draws_again(cube_dir, tmp_path, monkeypatch):
     seeds = []
-    real_evaluate = hooks_module.evaluate
+    real_run_lockstep = hooks_module.run_lockstep
 
-    def recording_evaluate(*args, **kwargs):
-        seeds.append(kwargs['seed'])
-        return real_evaluate(*args, **kwargs)
+    def recording_run_lockstep(sample_chunks, env_sets, action_dim, base_seeds, *args):
+        seeds.extend(base_seeds)
+        return real_run_lockstep(sample_chunks, env_sets, action_dim, base_seeds, *args)
 
-    monkeypatch.setattr(hooks_module, 'evaluate', recording_evaluate)
+    monkeypatch.setattr(hooks_module, 'run_lockstep', recording_run_lockstep)
     base = TINY_RUN + [
         f'--dataset_dir={cube_dir}', f'--save_dir={tmp_path}', '--agent.flow_steps=2', '--agent.actor_num_samples=2',
         '--offline_steps=6', '--online_steps=0', '--eval_interval=2', '--save_interval=2', '--seed=3',

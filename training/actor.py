@@ -1,10 +1,15 @@
-"""Acting online: open-loop action chunks in the training environment, one replay transition per step."""
+"""Acting online: open-loop action chunks in the training environments, one replay transition per step and seed.
+
+`SeedActors` acts for all seeds of a run (one policy call for the seeds whose queue is empty, then every seed's
+environment step, side by side); each seed's `OnlineActor` holds its environment, action queue and random streams.
+An environment in a worker process (`envs.workers`) and one of this process are stepped through the same calls.
+"""
 
 from collections import deque
 
 import numpy as np
 
-from envs.workers import RemoteEnv, steps_async
+from envs.workers import steps_async
 from evaluation import ActionQueue, mean_stats
 from utils import seeding
 
@@ -44,19 +49,19 @@ class OnlineActor:
         return observation if self.frame_dim is None else observation[..., -self.frame_dim :]
 
     def push_chunk(self, chunk):
-        """Queues a sampled (H * A) chunk. An environment in a worker process gets all its actions at once and steps
-        through them ahead of the loop, up to an episode end; `send` then takes their results in turn."""
+        """Queues a sampled (H * A) chunk and starts its steps: an environment in a worker process gets all its
+        actions at once and steps through them ahead of the loop, up to an episode end (one of this process steps
+        as `receive` asks); `send` then takes their results in turn."""
         self.queue.push_chunk(chunk)
         self.chunks += 1
-        if isinstance(self.env, RemoteEnv):
-            actions = np.clip(np.asarray(chunk).reshape(-1, self.action_dim), -1.0, 1.0)
-            self._ahead.extend(steps_async(self.env, actions, self.state_fn))
+        actions = np.clip(np.asarray(chunk).reshape(-1, self.action_dim), -1.0, 1.0)  # (H, A)
+        self._ahead.extend(steps_async(self.env, actions, self.state_fn))
 
     def send(self, action):
         """Starts one env step with `action`, the front of the queue or a random action (in a worker process, if the
         environment lives in one); `receive` completes it. Sending every seed's step before receiving any lets the
         workers' environments step at once."""
-        if not self._ahead:  # Else the step was sent with its chunk.
+        if not self._ahead:  # A random action; the steps of a chunk's actions started with the chunk.
             self._ahead.extend(steps_async(self.env, [np.clip(action, -1.0, 1.0)], self.state_fn))
         self._action = action
         self._result = self._ahead.popleft()
@@ -102,20 +107,38 @@ def episode_row(episodes):
     return row
 
 
-def policy_actions(actors, sample_chunks):
-    """The next action of every seed's actor, with one policy call for all seeds when any queue is empty.
+class SeedActors:
+    """Acts for every seed of a run: `step` takes each seed's next action (a uniform random one during the warm-up,
+    else the next of its open-loop chunk, with one policy call for the seeds whose queue is empty), steps every
+    seed's environment and returns the transitions."""
 
-    `sample_chunks(observations (S, ...), key_seeds (S,), key_indices (S,))` returns (S, H * A) chunks as a NumPy
-    array (`SeedGroup.sample_chunks`). Only the actors that need a new chunk count it; the others' rows of the call
-    are discarded, so each seed draws what it would draw alone.
-    """
-    need = [actor.queue.empty for actor in actors]
-    if any(need):
-        observations = np.stack([actor.observation for actor in actors])
-        key_seeds = np.array([actor.key_seed for actor in actors], dtype=np.uint32)
-        key_indices = np.array([actor.chunks for actor in actors], dtype=np.int32)
-        chunks = sample_chunks(observations, key_seeds, key_indices)  # (S, H * A)
-        for actor, n, chunk in zip(actors, need, chunks, strict=True):
-            if n:
-                actor.push_chunk(chunk)
-    return [actor.queue.pop() for actor in actors]
+    def __init__(self, actors, agents):
+        self.actors = actors  # One `OnlineActor` per seed.
+        self.agents = agents  # The `training.seeds.SeedGroup` whose `sample_chunks` samples the chunks.
+
+    def step(self, random=False):
+        """One step of every seed; returns per seed (transition, info, done)."""
+        actions = [actor.random_action() for actor in self.actors] if random else self.policy_actions()
+        return self.env_step(actions)
+
+    def policy_actions(self):
+        """The next action of every seed, with one policy call for all seeds when any queue is empty. Only the
+        actors that need a new chunk count it; the others' rows of the call are discarded, so each seed draws what
+        it would draw alone."""
+        need = [actor.queue.empty for actor in self.actors]
+        if any(need):
+            observations = np.stack([actor.observation for actor in self.actors])
+            key_seeds = np.array([actor.key_seed for actor in self.actors], dtype=np.uint32)
+            key_indices = np.array([actor.chunks for actor in self.actors], dtype=np.int32)
+            chunks = self.agents.sample_chunks(observations, key_seeds, key_indices)  # (S, H * A)
+            for actor, n, chunk in zip(self.actors, need, chunks, strict=True):
+                if n:
+                    actor.push_chunk(chunk)
+        return [actor.queue.pop() for actor in self.actors]
+
+    def env_step(self, actions):
+        """Every seed's environment step with its action. All steps are sent before any is received, so environments
+        in worker processes step side by side, and with this process's own."""
+        for actor, action in zip(self.actors, actions, strict=True):
+            actor.send(action)
+        return [actor.receive() for actor in self.actors]

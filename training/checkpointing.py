@@ -6,6 +6,8 @@ A checkpoint of one seed at the end of step `phase_step` of `phase` is a dict:
     phase         'offline' or 'online'; phase_step: steps of that phase done
     log_step      the run's step counter (offline steps, then offline_steps + online steps)
     phase_times   seconds spent per phase so far ('offline_time', 'online_time')
+    eval_due      True when a dead environment worker interrupted the step's evaluation (the resumed run evaluates
+                  first); absent in checkpoints written before it was introduced
     agent         the agent's state dict (host arrays)
     ...           the lane's `state_dict()`: dataset_rng, shard_index, shard_loads, eval_rng, wandb_id, online
 
@@ -30,6 +32,8 @@ class Progress:
     log_step: int = 0
     phase_times: dict = dataclasses.field(default_factory=dict)
     resumed: tuple = None  # (phase, steps of it done) of the checkpoint a run resumed from.
+    eval_due: bool = False  # The resumed step's evaluation (and checkpoint) still has to run.
+    checkpointed: tuple = None  # (phase, step) of the last checkpoint this process wrote.
 
     def start_of(self, phase):
         """Steps of `phase` already done: 0 for a fresh phase, None for one a resumed run has already finished."""
@@ -49,6 +53,7 @@ def checkpoint_state(progress, phase, step, agent_state, lane):
         phase_step=step,
         log_step=progress.log_step,
         phase_times=dict(progress.phase_times),
+        eval_due=progress.eval_due,
         agent=agent_state,
     )
     state.update(lane.state_dict())
@@ -113,6 +118,11 @@ def resume(agents, lanes):
     for lane, state in zip(lanes, states, strict=True):
         lane.load_state_dict(state)
     first = states[0]
-    progress = Progress(first['log_step'], dict(first['phase_times']), (first['phase'], first['phase_step']))
+    progress = Progress(
+        first['log_step'],
+        dict(first['phase_times']),
+        (first['phase'], first['phase_step']),
+        eval_due=bool(first.get('eval_due', False)),
+    )
     print(f'Resuming {lanes[0].exp_name} at step {progress.log_step} ({first["phase"]} phase).', flush=True)
     return progress

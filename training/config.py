@@ -21,12 +21,14 @@ from typing import Any
 from absl import flags
 from ml_collections import config_flags
 
+from evaluation import EVAL_EPISODES
 from training import paper_settings
 from utils.config_rules import check_config
 from utils.errors import UsageError, UserError
 
-# Driver flags that only set a key of the agent config, with the value they give when neither spelling is used.
-AGENT_ALIASES = dict(horizon_length=5, discount=0.99)
+# Driver flags that only set a key of the agent config, with the driver's value for a key the agent config leaves
+# unset when neither spelling is used (None: the agent config always sets it; its value is the default).
+AGENT_ALIASES = dict(horizon_length=5, discount=None)
 # Old flag names, refused with the new name.
 RENAMED_FLAGS = dict(seed_chunk='seeds_per_vmap', env_threads='env_workers')
 # How `--help` groups the run settings (every `RunConfig` field is in one group).
@@ -68,12 +70,12 @@ def setting(default, help, kind=None, minimum=None, maximum=None, above=None, ph
     """One run setting: a dataclass field whose metadata `define_flags` and `validate` read.
 
     Args:
-        default: The value of a run that does not set it (also of a run whose driver lacks the setting's phase).
+        default: The value of a run that does not set it (a driver without an offline phase runs no offline steps).
         help: The flag's help text.
         kind: The flag type (int, float, str, bool, list); by default the type of `default`.
         minimum, maximum: Inclusive bounds; `above`: an exclusive lower bound. An unset (None) value passes.
         phase: 'offline' for a setting that only drivers with an offline phase define.
-        flag_default: The flag's default where it differs from `default`: a value, or a function of the `Preset`.
+        flag_default: A function of the `Preset` that gives the flag's default where it depends on the driver.
     """
     meta = dict(help=help, kind=kind or type(default), minimum=minimum, maximum=maximum, above=above, phase=phase)
     meta['flag_default'] = default if flag_default is None else flag_default
@@ -98,9 +100,9 @@ class RunConfig:
     env_name: str = setting('cube-triple-play-singletask-task2-v0', 'Environment (and dataset) name.')
     save_dir: str = setting('exp/', 'Where run directories are created.')
     dataset_dir: str | None = setting(None, 'Dataset location (default per family, e.g. ~/.ogbench/data).', kind=str)
-    offline_steps: int = setting(0, 'Offline gradient steps.', minimum=0, phase='offline', flag_default=1000000)
-    fused_steps: int = setting(1, 'Offline updates per compiled call (1: one call per update).', minimum=1,
-                               phase='offline', flag_default=100)
+    offline_steps: int = setting(1000000, 'Offline gradient steps.', minimum=0, phase='offline')
+    fused_steps: int = setting(100, 'Offline updates per compiled call (1: one call per update).', minimum=1,
+                               phase='offline')
     online_steps: int = setting(1000000, 'Online environment steps.', minimum=0)
     buffer_size: int = setting(1000000, 'Replay buffer capacity.', minimum=1,
                                flag_default=lambda preset: preset.buffer_size)
@@ -108,11 +110,12 @@ class RunConfig:
     eval_interval: int = setting(100000, 'Steps between evaluations (0: only at the end of each phase).', minimum=0)
     save_interval: int = setting(-1, 'Steps between checkpoints (<= 0: none).')
     start_training: int = setting(5000, 'Online step from which the agent is updated.', minimum=0)
-    utd_ratio: int = setting(1, 'Updates per online environment step (fused into one batch_update).', minimum=1)
-    fuse_online_updates: bool = setting(True, 'Run the online updates of the steps between two reads of the agents '
-                                        '(policy query, log, evaluation, checkpoint) as one compiled call: the same '
-                                        'updates in the same order (False: one call per step, as the reference).')
-    eval_episodes: int = setting(50, 'Evaluation episodes.', minimum=0)
+    utd_ratio: int = setting(1, 'Updates per online environment step, each on its own batch.', minimum=1)
+    fuse_online_updates: bool = setting(True, 'Hold the online updates of a chunk\'s steps and run them as one '
+                                        'compiled call (sooner when the agents are read: a policy query, log, '
+                                        'evaluation, checkpoint): the same updates in the same order (False: one call '
+                                        'per step, as the reference).')
+    eval_episodes: int = setting(EVAL_EPISODES, 'Evaluation episodes.', minimum=0)
     video_episodes: int = setting(0, 'Rendered evaluation episodes.', minimum=0)
     video_frame_skip: int = setting(3, 'Keep one rendered frame every this many steps.', minimum=1)
     eval_envs: int = setting(10, 'Environment copies stepped in lockstep during evaluation (1: sequential).', minimum=1)
@@ -209,7 +212,8 @@ def define_flags(preset, flag_values=flags.FLAGS):
     flags.DEFINE_integer('seed', 0, 'Random seed (the same as --seeds=SEED).', **fv)
     for name, default in AGENT_ALIASES.items():
         define = flags.DEFINE_integer if isinstance(default, int) else flags.DEFINE_float
-        define(name, None, f'Alias of --agent.{name} (default {default}).', **fv)
+        shown = default if default is not None else 'that of the agent config'
+        define(name, None, f'Alias of --agent.{name} (default {shown}).', **fv)
     for old, new in RENAMED_FLAGS.items():
         flags.DEFINE_string(old, None, f'Renamed: use --{new}.', **fv)
     config_flags.DEFINE_config_file('agent', preset.agent_file, lock_config=False, **fv)
@@ -231,7 +235,7 @@ def resolve_agent_config(flag_values):
                 raise UsageError(f'--{name}={alias} and --agent.{name}={config[name]} disagree; give only --{name}')
         elif alias is not None:
             config[name] = alias
-        elif config.get(name) is None:
+        elif config.get(name) is None and default is not None:
             config[name] = default
     return config
 
@@ -261,6 +265,8 @@ def from_flags(flag_values, preset):
         if field.metadata and field.name in flag_values and field.name != 'seeds':
             values[field.name] = flag_values[field.name].value
     values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
+    if not preset.offline:
+        values['offline_steps'] = 0  # A driver without an offline phase (no offline flags) runs none.
     agent = resolve_agent_config(flag_values)
     run = validate(RunConfig(**values, seeds=resolve_seeds(flag_values), preset=preset, agent=agent))
     for line in paper_settings.notes(run.env_name, run.sparse, run.agent):
@@ -407,14 +413,14 @@ def help_text(preset, agent_path, program, summary):
                 default = ','.join(map(str, default))
             rows.append((f'--{name}', f'{meta["help"]} [{default}]'))
         lines += [f'  {group}', *_rows(rows)]
+    module = load_agent_file(agent_path)
+    config = module.get_config()
     lines += ['  aliases', *_rows([
         ('--seed', 'The same as --seeds=SEED (one seed). [0]'),
-        *[(f'--{k}', f'Sets --agent.{k}. [{v}]') for k, v in AGENT_ALIASES.items()],
+        *[(f'--{k}', f'Sets --agent.{k}. [{v if v is not None else config.get(k)}]') for k, v in AGENT_ALIASES.items()],
     ])]  # fmt: skip
-    module = load_agent_file(agent_path)
     comments = agent_key_comments(module)
     lines += ['', f'Agent settings of {agent_path} (--agent.key=value; --agent=FILE picks another agent):']
-    config = module.get_config()
     keys = [*comments, *(k for k in config if k not in comments)]  # the order of `get_config()`
     lines += _rows([(f'--agent.{k}', f'{comments.get(k, "")} [{config[k]}]') for k in keys if k in config])
     lines += ['', '--helpfull lists every flag, absl\'s own included.']

@@ -7,21 +7,24 @@ streams, environments, action queue, replay buffer, logs and checkpoints live in
 
 import contextlib
 import dataclasses
+import os
 from concurrent.futures import ThreadPoolExecutor
 
+from analysis import run_files
 from envs.env_state import get_env_state
 from evaluation import monitor_stats
-from training.actor import OnlineActor, episode_row
+from training.actor import OnlineActor
 from training.data import ChunkSampler, make_replay_buffer, process_run_dataset, source_counts, sparsify_rewards
-from training.schedule import every
 from utils import seeding
+from utils.checkpoints import CheckpointManager
 
 ONLINE_STATE_KEYS = ('steps', 'qpos', 'qvel', 'button_states')  # What `--save_all_online_states` keeps per step.
 
 
 @dataclasses.dataclass
 class Lane:
-    """One seed of a run: its settings, run directory, environments, data, online actor, logs and checkpoints."""
+    """One seed of a run: its settings, run directory, environments, data, checkpoints and logs, built complete by
+    `training.setup.build_lanes`; `start_online` adds the online phase's replay buffer and actor."""
 
     run: object  # The single-seed `RunConfig` (`run.for_seed`).
     exp_name: str
@@ -29,30 +32,28 @@ class Lane:
     env: object  # The training environment.
     eval_envs: list  # Evaluation copies, stepped in lockstep.
     dataset: object  # The offline data; shares the arrays of every seed's dataset, has its own generator.
-    shards: object = None  # The dataset shard cycler of a sharded OGBench run (one seed only), else None.
-    eval_rng: object = None  # Draws each evaluation's episode seeds; advances from one evaluation to the next.
-    sampler: object = None  # The `ChunkSampler` of the current phase.
+    shards: object  # The dataset shard cycler of a sharded OGBench run (one seed only), else None.
+    checkpoints: object  # Its `utils.checkpoints.CheckpointManager` (nothing on disk before the first save or load).
+    eval_rng: object  # Draws each evaluation's episode seeds; advances from one evaluation to the next.
+    sampler: object  # The `ChunkSampler` of the current phase (the offline data's, until `start_online`).
+    wandb_id: str = None  # The wandb run of this seed (a resumed run continues the checkpoint's).
+    loggers: object = None  # Its `log_utils.Loggers` (CSV files, wandb), once `open_logs` opened them.
     replay: object = None  # The online phase's replay buffer.
     actor: object = None  # The online phase's `OnlineActor` (action queue, random-action stream).
     episodes: list = dataclasses.field(default_factory=list)  # `monitor_stats` of episodes since the last `env` row.
     states: dict = None  # Simulator states of every online step (`--save_all_online_states`).
-    loggers: object = None
-    wandb_run: object = None
-    wandb_id: str = None  # The wandb run a resumed run continues.
-    checkpoints: object = None  # Its `utils.checkpoints.CheckpointManager`.
 
-    def __post_init__(self):
-        if self.eval_rng is None:
-            self.eval_rng = seeding.generator(self.seed, 'evaluation')
+    @classmethod
+    def build(cls, run, exp_name, run_dir, env, eval_envs, dataset, shards=None):
+        """The lane of `run` (one seed's `RunConfig`), with its generators, checkpoint manager and offline sampler."""
+        checkpoints = CheckpointManager(os.path.join(run_dir, run_files.CHECKPOINT_DIR), keep=run.keep_checkpoints)
+        sampler = ChunkSampler([('data', dataset, run.batch_size)], run.horizon_length, run.discount)
+        eval_rng = seeding.generator(run.seed, 'evaluation')
+        return cls(run, exp_name, run_dir, env, eval_envs, dataset, shards, checkpoints, eval_rng, sampler)
 
     @property
     def seed(self):
         return self.run.seed
-
-    def start_offline(self):
-        """Sampling for the offline phase: batches of dataset chunks."""
-        run = self.run
-        self.sampler = ChunkSampler([('data', self.dataset, run.batch_size)], run.horizon_length, run.discount)
 
     def start_online(self):
         """The replay buffer, the online actor and the sampler of the online phase (once; a resumed online phase
@@ -97,12 +98,6 @@ class Lane:
         if done:
             self.episodes.append(monitor_stats(info))
 
-    def log_episodes(self, step, log_step):
-        """Logs the `env` row of the episodes that ended since the last row, every `log_interval` online steps."""
-        if self.episodes and every(step, self.run.log_interval):
-            self.loggers.log('env', episode_row(self.episodes), log_step)
-            self.episodes = []
-
     def state_dict(self):
         """What a checkpoint keeps of this lane (host values only)."""
         online = None
@@ -119,7 +114,7 @@ class Lane:
             shard_index=None if self.shards is None else self.shards.index,
             shard_loads=None if self.shards is None else self.shards.loads,
             eval_rng=self.eval_rng.bit_generator.state,
-            wandb_id=None if self.wandb_run is None else self.wandb_run.id,
+            wandb_id=self.wandb_id,
             online=online,
         )
 

@@ -7,6 +7,11 @@ and each later step agrees with the single-seed agent up to float rounding (vmap
 differently). A group of one seed holds the plain agent and runs the single-seed program unchanged.
 
 Batches and observations go in as one entry per seed; infos come back with a leading (S,) axis on every leaf.
+
+The group also owns the online phase's pending updates: `queue_updates` takes one step's batches and runs them at
+once or holds them, fused with the following steps' up to `fuse_steps` steps (one compiled call per action chunk).
+Whatever reads the agents (a policy call, infos, evaluation, a checkpoint, the parameters) runs what is held first,
+so the agents it reads have every update queued before it, in order.
 """
 
 from functools import partial
@@ -16,7 +21,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from evaluation import episode_key
+from evaluation import episode_chunks
+from training.data import join_steps
 
 
 def _stack(trees):
@@ -53,21 +59,12 @@ def _sample_chunk(agent, observation, key_seed, index):
 _plain_sample_chunk = jax.jit(_sample_chunk)
 
 
-def _sample_episode_chunks(agent, observations, seed, indices, chunks):
-    """One seed's evaluation chunks: (C, ...) observations of its env copies, keys `evaluation.episode_key`."""
-
-    def sample(observation, index, chunk):
-        return agent.sample_actions(observation, rng=episode_key(seed, index, chunk))
-
-    return jax.vmap(sample)(observations, indices, chunks)
-
-
-_plain_sample_episode_chunks = jax.jit(_sample_episode_chunks)
+_plain_sample_episode_chunks = jax.jit(episode_chunks)
 
 
 @partial(jax.jit, static_argnames='seeds_per_vmap')
 def _group_sample_episode_chunks(agents, observations, seeds, indices, chunks, seeds_per_vmap):
-    return _over_seeds(_sample_episode_chunks, seeds_per_vmap, agents, observations, seeds, indices, chunks)
+    return _over_seeds(episode_chunks, seeds_per_vmap, agents, observations, seeds, indices, chunks)
 
 
 @partial(jax.jit, static_argnames='seeds_per_vmap')
@@ -75,31 +72,38 @@ def _group_sample_chunks(agents, observations, key_seeds, indices, seeds_per_vma
     return _over_seeds(_sample_chunk, seeds_per_vmap, agents, observations, key_seeds, indices)
 
 
-def default_seeds_per_vmap():
+def default_seeds_per_vmap(num_seeds):
     """Seeds vmapped together by default: all of them on an accelerator, where one wide program fills the device,
     and one at a time on a CPU, where a vmapped matmul runs slower per seed than S plain ones (benchmarks/RESULTS.md)
     while one program for all seeds still saves the per-call overhead."""
-    return 1 if jax.default_backend() == 'cpu' else None
+    return 1 if jax.default_backend() == 'cpu' else num_seeds
 
 
 class SeedGroup:
     """The agents of `seeds`: one plain agent for one seed, else one agent pytree with a leading (S,) axis."""
 
-    def __init__(self, agents, seeds, seeds_per_vmap=None):
-        self.agents = agents
+    def __init__(self, agents, seeds, seeds_per_vmap=1):
+        self._agents = agents
         self.seeds = tuple(int(s) for s in seeds)
-        # Seeds vmapped together (None: all); the others loop inside the one program.
-        self.seeds_per_vmap = seeds_per_vmap
+        # Seeds vmapped together (at most all of them); the others loop inside the one program.
+        self.seeds_per_vmap = min(seeds_per_vmap, len(self.seeds))
+        self._width = None if self.seeds_per_vmap == len(self.seeds) else self.seeds_per_vmap  # `_over_seeds`
+        self.fuse_steps = 1  # Online steps whose queued updates run as one call (`queue_updates`).
+        self._held = []  # Steps whose updates are queued and not run yet: per step, every seed's (U, B, ...) batch.
+        self._info = None  # The device info of the last update that ran (None before the first).
+        self._host_info = None  # `_info` on the host, once `infos` fetched it.
+        self.updates = 0  # Update calls run so far (`update`, `batch_update`; queued steps once they ran).
 
     @classmethod
-    def create(cls, agent_class, seeds, ex_observations, ex_actions, config, seeds_per_vmap='auto'):
+    def create(cls, agent_class, seeds, ex_observations, ex_actions, config, seeds_per_vmap=0):
         """Builds the agents of `seeds`; seed `s` is identical to `agent_class.create(s, ...)`. `seeds_per_vmap`: how
-        many seeds are vmapped together (None: all of them; 1: each seed on its own, one after another, inside the one
-        compiled call; 'auto': `default_seeds_per_vmap()`)."""
+        many seeds are vmapped together, as `--seeds_per_vmap` (0: `default_seeds_per_vmap`; 1: each seed on its
+        own, one after another, inside the one compiled call; S or more: all of them)."""
         seeds = tuple(int(s) for s in seeds)
-        seeds_per_vmap = default_seeds_per_vmap() if seeds_per_vmap == 'auto' else seeds_per_vmap
-        if seeds_per_vmap is not None and seeds_per_vmap < 1:
-            raise ValueError(f'seeds_per_vmap must be >= 1 or None, got {seeds_per_vmap}')
+        if seeds_per_vmap < 0:
+            raise ValueError(f'seeds_per_vmap must be >= 0, got {seeds_per_vmap}')
+        seeds_per_vmap = seeds_per_vmap or default_seeds_per_vmap(len(seeds))
+
         # One compiled initialization (op by op, creation dispatches hundreds of small ops: seconds on a GPU); the
         # seed is an argument, so the program is the same for every seed and a persistent cache serves it again.
         def create(seed):
@@ -108,8 +112,6 @@ class SeedGroup:
         if len(seeds) == 1:
             return cls(jax.jit(create)(np.int32(seeds[0])), seeds)
         agents = jax.jit(jax.vmap(create))(np.asarray(seeds, dtype=np.int32))
-        if seeds_per_vmap is not None and seeds_per_vmap >= len(seeds):
-            seeds_per_vmap = None
         return cls(agents, seeds, seeds_per_vmap=seeds_per_vmap)
 
     @property
@@ -121,42 +123,76 @@ class SeedGroup:
         """True when the agents carry a seed axis (more than one seed)."""
         return self.num_seeds > 1
 
+    @property
+    def agents(self):
+        """The agent pytree (with the seed axis for several seeds), every queued update run."""
+        self.run_held()
+        return self._agents
+
     def _updated(self, method, grouped, batches):
-        """Runs `method` of the plain agent (one seed) or `grouped` on the stacked ones; returns the info on the
-        device (read it with `host_infos`)."""
+        """Runs `method` of the plain agent (one seed) or `grouped` on the stacked ones; keeps the info."""
         if not self.stacked:
-            self.agents, info = getattr(self.agents, method)(batches[0])
-            return info
-        self.agents, info = grouped(self.agents, _stack(batches), seeds_per_vmap=self.seeds_per_vmap)
+            self._agents, info = getattr(self._agents, method)(batches[0])
+        else:
+            self._agents, info = grouped(self._agents, _stack(batches), seeds_per_vmap=self._width)
+        self._info, self._host_info = info, None
+        self.updates += 1
         return info
 
     def update(self, batches):
-        """One update per seed on `batches[i]`; returns the info on the device."""
+        """One update per seed on `batches[i]` (after any queued ones); returns the info on the device."""
+        self.run_held()
         return self._updated('update', _group_update, batches)
 
     def batch_update(self, batches):
-        """`U` fused updates per seed, `batches[i]` with (U, B, ...) leaves; the info of each seed's last update, on
-        the device."""
+        """`U` fused updates per seed, `batches[i]` with (U, B, ...) leaves (after any queued ones); the info of each
+        seed's last update, on the device."""
+        self.run_held()
         return self._updated('batch_update', _group_batch_update, batches)
 
-    def host_infos(self, info):
-        """Python-float info dicts, one per seed, of an `update`/`batch_update` info (one device-to-host transfer)."""
-        with jax.transfer_guard_device_to_host('allow'):
-            host = jax.device_get(info)
-        if not self.stacked:
-            return [{k: float(v) for k, v in host.items()}]
-        return [{k: float(v[i]) for k, v in host.items()} for i in range(self.num_seeds)]
+    def queue_updates(self, batches):
+        """One online step's updates, `batches[i]` seed i's (U, B, ...) batch. They run at once with `fuse_steps` 1
+        (the reference's call per step), else when `fuse_steps` steps are queued (one compiled call for them) or
+        when the agents are read next, whichever comes first: the same updates on the same batches in the same
+        order either way."""
+        self._held.append(batches)
+        if len(self._held) >= self.fuse_steps:
+            self.run_held()
+
+    def run_held(self):
+        """Runs the queued updates in order: one call for `fuse_steps` steps, else one call per step (so the update
+        compiles for two batch shapes only)."""
+        if not self._held:
+            return
+        held, self._held = self._held, []
+        calls = [held] if len(held) == self.fuse_steps else [[step] for step in held]
+        for steps in calls:
+            self.batch_update(join_steps(steps))
+
+    def infos(self):
+        """Python-float info dicts, one per seed, of the last update (queued ones run first; one device-to-host
+        transfer); None before the first update."""
+        self.run_held()
+        if self._info is None:
+            return None
+        if self._host_info is None:
+            with jax.transfer_guard_device_to_host('allow'):
+                host = jax.device_get(self._info)
+            if not self.stacked:
+                self._host_info = [{k: float(v) for k, v in host.items()}]
+            else:
+                self._host_info = [{k: float(v[i]) for k, v in host.items()} for i in range(self.num_seeds)]
+        return self._host_info
 
     def sample_chunks(self, observations, key_seeds, indices):
         """Action chunks of every seed as one (S, H * A) NumPy array: seed i acts on `observations[i]` with the key
         `chunk_key(key_seeds[i], indices[i])`, made inside the one compiled call. Fetching the chunks is the one
         wait on the device of a policy query."""
+        agents = self.agents
         if not self.stacked:
-            actions = _plain_sample_chunk(self.agents, observations[0], key_seeds[0], indices[0])
+            actions = _plain_sample_chunk(agents, observations[0], key_seeds[0], indices[0])
         else:
-            actions = _group_sample_chunks(
-                self.agents, observations, key_seeds, indices, seeds_per_vmap=self.seeds_per_vmap
-            )
+            actions = _group_sample_chunks(agents, observations, key_seeds, indices, seeds_per_vmap=self._width)
         with jax.transfer_guard_device_to_host('allow'):
             actions = np.asarray(actions)
         return actions if self.stacked else actions[None]
@@ -165,11 +201,12 @@ class SeedGroup:
         """Evaluation chunks of every seed in one compiled call, as a (S, C, H * A) NumPy array: seed i's C env
         copies act on `observations[i]` with the keys `evaluation.episode_key(seeds[i], indices[i, c], chunks[i, c])`
         (the `sample_chunks` of `evaluation.run_lockstep`)."""
+        agents = self.agents
         if not self.stacked:
-            actions = _plain_sample_episode_chunks(self.agents, observations[0], seeds[0], indices[0], chunks[0])
+            actions = _plain_sample_episode_chunks(agents, observations[0], seeds[0], indices[0], chunks[0])
         else:
             actions = _group_sample_episode_chunks(
-                self.agents, observations, seeds, indices, chunks, seeds_per_vmap=self.seeds_per_vmap
+                agents, observations, seeds, indices, chunks, seeds_per_vmap=self._width
             )
         with jax.transfer_guard_device_to_host('allow'):
             actions = np.asarray(actions)
@@ -177,9 +214,8 @@ class SeedGroup:
 
     def agent(self, i):
         """Seed i's agent as an ordinary single-seed agent (evaluation, saving, notebooks)."""
-        if not self.stacked:
-            return self.agents
-        return jax.tree_util.tree_map(lambda x: x[i], self.agents)
+        agents = self.agents
+        return agents if not self.stacked else jax.tree_util.tree_map(lambda x: x[i], agents)
 
     def state_dicts(self):
         """One host state dict per seed, each what a single-seed run of that seed checkpoints."""
@@ -188,4 +224,4 @@ class SeedGroup:
     def load_state_dicts(self, states):
         """Restores `state_dicts()` output."""
         agents = [flax.serialization.from_state_dict(self.agent(i), s) for i, s in enumerate(states)]
-        self.agents = agents[0] if not self.stacked else jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *agents)
+        self._agents = agents[0] if not self.stacked else jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *agents)

@@ -20,7 +20,7 @@ from training.data import process_run_dataset, replay_capacity
 from training.lanes import Lane, map_lanes, thread_pool
 from training.seeds import SeedGroup
 from utils import seeding
-from utils.checkpoints import CheckpointManager, check_disk_space, checkpoint_steps
+from utils.checkpoints import check_disk_space, checkpoint_steps
 from utils.errors import UsageError
 from utils.guards import check_dataset_matches_env
 
@@ -163,16 +163,16 @@ def build_lanes(run):
         # of cube on an H200 node (benchmarks/RESULTS.md).
         with thread_pool(run, dataset['observations'].ndim - 1, workers=BUILD_THREADS) as pool:
             other_envs = map_lanes(pool, lambda build: build(), seed_builders)
-    lanes = [Lane(run.for_seed(run.seed), names[0], os.path.join(group_dir, names[0]), train_env, envs.eval_envs,
-                  dataset, shards=envs.shards)]  # fmt: skip
+    lanes = [Lane.build(run.for_seed(run.seed), names[0], os.path.join(group_dir, names[0]), train_env,
+                        envs.eval_envs, dataset, shards=envs.shards)]  # fmt: skip
     for s, name, (env, *eval_envs) in zip(run.seeds[1:], names[1:], other_envs, strict=True):
         lane_dataset = dataset.copy()  # Same arrays, own generator seeded like `--seed=s` alone.
         lane_dataset.seed(seeding.stream(s, 'dataset'))
-        lanes.append(Lane(run.for_seed(s), name, os.path.join(group_dir, name), env, eval_envs, lane_dataset))
+        lanes.append(Lane.build(run.for_seed(s), name, os.path.join(group_dir, name), env, eval_envs, lane_dataset))
     return run, lanes, workers
 
 
-def create_agents(agent_classes, config, seeds, dataset, seeds_per_vmap='auto'):
+def create_agents(agent_classes, config, seeds, dataset, seeds_per_vmap=0):
     """The `SeedGroup` of `seeds` of the agent named by `config.agent_name`, from one example of `dataset`;
     `seeds_per_vmap` seeds are vmapped together (see `SeedGroup.create`)."""
     name = config.get('agent_name')
@@ -206,14 +206,6 @@ def check_disk(run, agents, lanes):
     check_disk_space(lanes[0].run_dir, (run.keep_checkpoints + 1) * per_seed * agents.num_seeds, 'checkpoints')
 
 
-def attach_checkpoints(run, lanes):
-    """Gives every lane its checkpoint manager in `<run_dir>/checkpoints`."""
-    for lane in lanes:
-        lane.checkpoints = CheckpointManager(
-            os.path.join(lane.run_dir, run_files.CHECKPOINT_DIR), keep=run.keep_checkpoints
-        )
-
-
 def open_logs(lane, log_step, several):
     """Opens a lane's logs at `log_step`, the step its run starts from: the run directory keeps only what an
     uninterrupted run had written by then (`run_files.rewind`: a start from scratch keeps no rows), `flags.json`,
@@ -221,8 +213,9 @@ def open_logs(lane, log_step, several):
     make_run_dir(lane.run_dir)
     run_files.rewind(lane.run_dir, log_step)
     save_flags(lane.run_dir, lane.run.flag_record, filename=run_files.FLAGS_FILE)
-    lane.wandb_run = setup_wandb(
+    wandb_run = setup_wandb(
         project='qc', group=lane.run.run_group, name=lane.exp_name, config=lane.run.flag_record, dir=lane.run_dir,
         run_id=lane.wandb_id, several=several,
     )  # fmt: skip
-    lane.loggers = Loggers(lane.run_dir, wandb_run=lane.wandb_run)
+    lane.wandb_id = None if wandb_run is None else wandb_run.id
+    lane.loggers = Loggers(lane.run_dir, wandb_run=wandb_run)

@@ -27,12 +27,11 @@ class Trainer:
         self.run, self.lanes, self.workers = setup.build_lanes(run)
         self.startup.lap('envs and data')
         self.agents = setup.create_agents(
-            agent_classes, self.run.agent, self.run.seeds, self.lanes[0].dataset, self.run.seeds_per_vmap or 'auto'
+            agent_classes, self.run.agent, self.run.seeds, self.lanes[0].dataset, self.run.seeds_per_vmap
         )
         self.startup.lap('agent')
         # The run directories are made only once everything above was accepted.
         setup.check_disk(self.run, self.agents, self.lanes)
-        setup.attach_checkpoints(self.run, self.lanes)
         progress = checkpointing.resume(self.agents, self.lanes) if self.run.resume else checkpointing.Progress()
         for lane in self.lanes:
             setup.open_logs(lane, progress.log_step, several=self.run.num_seeds > 1)
@@ -41,7 +40,7 @@ class Trainer:
     @property
     def stop(self):
         """The run's `utils.guards.StopRequest` (signals and `--max_runtime`)."""
-        return self.hooks.stop
+        return self.hooks.stop_request
 
     @property
     def log_step(self):

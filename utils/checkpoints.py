@@ -146,7 +146,9 @@ def checkpoint_steps(directory):
 class CheckpointManager:
     """Saves and restores whole training states as checksummed files, keeping the newest `keep` of them.
 
-    `keep=None` keeps every checkpoint. See the module docstring for the file format.
+    `keep=None` keeps every checkpoint. See the module docstring for the file format. Nothing on disk changes
+    before the first `save` or `load_latest` (a run builds its managers before its start-up checks): the first of
+    them creates the directory and removes the temporary files of writes that never finished.
     """
 
     def __init__(self, directory, keep=3):
@@ -155,16 +157,19 @@ class CheckpointManager:
         self.directory = os.path.abspath(directory)
         self.keep = keep
         self.last_path = None
-        os.makedirs(self.directory, exist_ok=True)
-        self._remove_stale_temp_files()
+        self._opened = False
 
-    def _remove_stale_temp_files(self):
+    def _open(self):
+        if self._opened:
+            return
+        os.makedirs(self.directory, exist_ok=True)
         for name in os.listdir(self.directory):
             if name.startswith('.ckpt_') and name.endswith('.tmp'):
                 try:
                     os.remove(os.path.join(self.directory, name))
                 except OSError:
                     pass
+        self._opened = True
 
     def path(self, step):
         """The file of the checkpoint at `step` (whether or not it exists)."""
@@ -184,6 +189,7 @@ class CheckpointManager:
         step = int(step)
         if step < 0:
             raise ValueError(f'step must be >= 0, got {step}')
+        self._open()
         payload = {'step': step, 'state': _to_host(state)}
         path = self.path(step)
         check_disk_space(self.directory, _nbytes(payload) + _SIZE_SLACK, f'the checkpoint of step {step}')
@@ -226,6 +232,7 @@ class CheckpointManager:
         A damaged newer file is skipped with a one-line warning naming it, and the previous one is tried. The
         damaged file is renamed to `<name>.corrupt`, out of the rotation, so later saves and pruning ignore it.
         """
+        self._open()
         for step in reversed(self.steps()):
             if max_step is not None and step > max_step:
                 continue
