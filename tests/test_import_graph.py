@@ -116,3 +116,19 @@ def test_analysis_and_log_utils_sit_below_the_run_layer():
 def test_cycle_finder_sees_a_circle():
     assert find_cycle({'a': {'b'}, 'b': {'c'}, 'c': {'a'}}) == ['a', 'b', 'c', 'a']
     assert find_cycle({'a': {'b'}, 'b': set()}) is None
+
+
+def test_only_envs_tells_worker_environments_from_local_ones():
+    # Local and worker environments are stepped through the same calls (`envs.workers.steps_async`, `step_async`);
+    # nothing outside `envs/` names the worker's handle class.
+    modules = project_modules()
+    users = []
+    for module, path in modules.items():
+        if module.split('.')[0] in ('envs', 'tests'):
+            continue
+        with open(os.path.join(ROOT, path)) as f:
+            tree = ast.parse(f.read(), filename=path)
+        names = {getattr(n, 'id', None) or getattr(n, 'attr', None) or getattr(n, 'name', None) for n in ast.walk(tree)}
+        if 'RemoteEnv' in names:
+            users.append(module)
+    assert modules and not users, users

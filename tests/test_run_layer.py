@@ -94,7 +94,7 @@ def uninterrupted_worker_run(cube_dir, tmp_path_factory):
 def test_a_dead_environment_worker_stops_with_one_line_and_a_checkpoint_that_resumes(
     cube_dir, tmp_path, monkeypatch, uninterrupted_worker_run, where
 ):
-    # Seed 1's worker dies in online step 3: in the step's evaluation, or in its environment step.
+    # Seed 1's worker dies in online step 3: in the step's evaluation, or before its environment step.
     cut = trainer_for(cube_dir, tmp_path, *WORKER_RUN, '--exp_name=cut')
 
     def kill_at_step_3(fn):
@@ -107,7 +107,8 @@ def test_a_dead_environment_worker_stops_with_one_line_and_a_checkpoint_that_res
         return killing
 
     if where == 'acting':
-        monkeypatch.setattr(SeedActors, 'env_step', kill_at_step_3(SeedActors.env_step))
+        # Step 3 starts a chunk (H = 2), whose actions go to the dead worker (it ran the previous chunk ahead).
+        monkeypatch.setattr(SeedActors, 'step', kill_at_step_3(SeedActors.step))
     else:
         monkeypatch.setattr(hooks_module, 'run_lockstep', kill_at_step_3(hooks_module.run_lockstep))
     with pytest.raises(hooks_module.WorkerDied) as stopped:
