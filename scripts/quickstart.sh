@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # End-to-end demo on a CPU, with no downloads: install, generate a small cube-single dataset with OGBench's own
 # oracles, train QC (best-of-n, H=5) offline then online with a CPU-sized network, evaluate, plot the curves.
-# Takes about 7 minutes on 2 cores after the install (2.5 of them generating the data). Override the output folders
+# Takes about 5 minutes on 2 cores after the install (1 of them generating the data). Override the output folders
 # with DATA_DIR / SAVE_DIR. The settings were chosen so that success visibly rises in that time (task1, 60 episodes
 # of data, 128x128 networks, 20 evaluation episodes; task2 with the same settings rose to 0.35 only).
 set -euo pipefail

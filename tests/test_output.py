@@ -116,10 +116,13 @@ render_two_episodes({str(tmp_path)!r})
 
 
 def render_two_episodes(out_dir):
-    """Renders two random-action episodes of cube-single into `out_dir`; prints the video path and frame count."""
+    """Renders two random-action episodes of cube-single, cut to 30 steps, into `out_dir`; prints the video path and
+    frame count."""
+    import gymnasium
+
     from envs.env_utils import make_seed_envs
 
-    env = make_seed_envs(ENV, 0)[1][0]
+    env = gymnasium.wrappers.TimeLimit(make_seed_envs(ENV, 0)[1][0], max_episode_steps=30)
     action_dim = env.action_space.shape[0]
     _, _, renders = evaluate(RandomChunks(action_dim), env, action_dim, num_eval_episodes=0, num_video_episodes=2)
     assert len(renders) == 2
