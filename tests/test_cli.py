@@ -6,12 +6,13 @@ import dataclasses
 import glob
 import io
 import os
+import subprocess
 import sys
 from unittest import mock
 
 import pytest
 from absl import flags
-from helpers import run_driver
+from helpers import ROOT, run_driver, subprocess_env
 
 import main
 import main_online
@@ -45,6 +46,13 @@ def test_the_driver_prints_help_and_exits_0():
     assert 'Agent settings of agents/acrlpd.py' in proc.stdout and '--agent.bc_alpha' in proc.stdout
     assert '--start_training' in proc.stdout and 'absl' not in proc.stdout.split('\n')[0]
     assert len(proc.stdout.splitlines()) < 120  # short enough to read
+
+
+def test_help_piped_into_a_reader_that_stops_early_exits_0_quietly():
+    # `python main.py --help | head -3`, at its extreme: a reader that closes the pipe before the help is written.
+    proc = subprocess.run(f'{sys.executable} main.py --help | true; exit "${{PIPESTATUS[0]}}"', shell=True,
+                          executable='/bin/bash', cwd=ROOT, env=subprocess_env(), capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stderr == '', proc.stderr
 
 
 REFUSALS = [

@@ -437,7 +437,10 @@ def flags_parser(preset, summary, flag_values=flags.FLAGS):
         program = os.path.basename(argv[0])
         try:
             if any(arg in HELP_ARGS for arg in argv[1:]):
-                print(help_text(preset, agent_file_of(argv, preset), program, summary))
+                try:
+                    print(help_text(preset, agent_file_of(argv, preset), program, summary), flush=True)
+                except BrokenPipeError:  # `--help | head`: the reader has what it wanted
+                    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
                 sys.exit(0)
             check_agent_args(argv, preset)  # before the config flag reads its overrides from the command line
             define_flags(preset, flag_values)
