@@ -148,9 +148,10 @@ class Hooks:
             if lane.episodes:
                 lane.loggers.log(run_files.ENV_LOG, episode_row(lane.episodes), log_step)
                 lane.episodes = []
-        infos = self.agents.infos()  # runs the queued updates first
+        self.agents.run_held()  # the queued updates count as the phase's
         if self.agents.updates == self.updates_before:
             return
+        infos = self.agents.infos()
         self._check_finite(infos)
         elapsed = time.time() - self.started
         for lane, info in zip(self.lanes, infos, strict=True):
