@@ -91,6 +91,7 @@ def uninterrupted_worker_run(cube_dir, tmp_path_factory):
 
 
 @pytest.mark.parametrize('where', ['acting', 'evaluation'])
+@pytest.mark.slow
 def test_a_dead_environment_worker_stops_with_one_line_and_a_checkpoint_that_resumes(
     cube_dir, tmp_path, monkeypatch, uninterrupted_worker_run, where
 ):
