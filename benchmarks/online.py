@@ -4,7 +4,8 @@ update schedules side by side, with a breakdown of where each online step's time
 Each row is one run of `steps` online steps of S seeds on a small generated cube-single dataset (no logging, no
 evaluation, no checkpoints). The loop's parts are timed in place: the environment steps of all seeds, the policy
 calls (which include waiting for the device to finish the updates before them), the batch sampling and the update
-dispatch; the rest of the step is `other`. After the run, the parts are measured alone: one policy call, and the
+dispatch (`SeedGroup.run_held`, timed apart from the policy call or other read of the agents that runs it); the
+rest of the step is `other`. After the run, the parts are measured alone: one policy call, and the
 updates of one chunk's steps (blocked), so that the bound set by the critical path stands next to the measured rate:
 
     fused:     env + update + policy / H             (the updates of a chunk run between its last step and the query)
