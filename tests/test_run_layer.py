@@ -132,6 +132,9 @@ def test_a_dead_environment_worker_stops_with_one_line_and_a_checkpoint_that_res
         assert before[0] == before[1] and before[0]
         if where == 'evaluation':
             assert cut_rows['eval'][0] == whole['eval'][0]
+            # Once the resumed run evaluated the step, a checkpoint says so: a later kill resumes past it.
+            manager = CheckpointManager(os.path.join(tmp_path, 'Debug', f'cut{s}', run_files.CHECKPOINT_DIR))
+            assert read_checkpoint_file(manager.path(3))['state']['eval_due'] is False
 
 
 def _assert_same(a, b, where='state'):

@@ -195,17 +195,19 @@ class Hooks:
         )
 
     def _finish_interrupted_step(self, step):
-        """The rest of step `step` of a run that a dead environment worker stopped during its evaluation."""
+        """The rest of step `step` of a run that a dead environment worker stopped during its evaluation, then a
+        checkpoint that says it is done (a later kill must not resume into evaluating the step again)."""
         self.at_step(step)
         self.evaluate(step)
         if every(step, self.run.save_interval):
             self.save(step)
-        self.progress.eval_due = False
+        else:
+            self._checkpoint(step)
 
     def _worker_died(self, error, eval_due=False):
         """Stops the run on a dead environment worker: a checkpoint at the last step done (the step under way, when
         the worker died in its evaluation), closed logs, one line, exit 1."""
-        step = self.step if eval_due or self.phase == 'offline' else self.step - 1
+        step = self.step if eval_due else self.step - 1
         self.progress.log_step = self.offset + step
         self._checkpoint(step, eval_due=eval_due)
         self.finish(quiet=True)

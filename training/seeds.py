@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from evaluation import episode_chunks
+from evaluation import sample_episode_chunks as _plain_sample_episode_chunks
 from training.data import join_steps
 
 
@@ -57,9 +58,6 @@ def _sample_chunk(agent, observation, key_seed, index):
 
 
 _plain_sample_chunk = jax.jit(_sample_chunk)
-
-
-_plain_sample_episode_chunks = jax.jit(episode_chunks)
 
 
 @partial(jax.jit, static_argnames='seeds_per_vmap')
