@@ -13,7 +13,7 @@ import main
 import main_online
 from agents import agents
 from analysis import run_files
-from training import Trainer
+from training import Trainer, device_replay, seeds
 from training.seeds import SeedGroup
 
 TOL = dict(rtol=1e-5, atol=1e-6)
@@ -52,28 +52,30 @@ def counting(monkeypatch, name):
     ids=['main', 'main_online'],
 )
 @pytest.mark.slow
-def test_fused_online_updates_equal_one_update_call_per_step(cube_dir, tmp_path, monkeypatch, preset, extra):
+def test_fused_online_updates_and_device_replay_equal_one_update_call_per_step(cube_dir, tmp_path, monkeypatch, preset,
+                                                                               extra):
     base = [*TINY, *extra, f'--dataset_dir={cube_dir}', f'--save_dir={tmp_path}', '--online_steps=14',
             '--log_interval=7', '--eval_interval=0']  # fmt: skip
     results = {}
-    for fused in (False, True):
-        calls = counting(monkeypatch, 'batch_update')
-        argv = [*base, f'--exp_name=fused{fused}', f'--fuse_online_updates={fused}']
+    # The reference's schedule (a host batch per step, one call each), then the device replay one step per call
+    # (pipelined), then fused by chunk.
+    for fused, device in ((False, False), (False, True), (True, True)):
+        argv = [*base, f'--exp_name=f{fused}d{device}', f'--fuse_online_updates={fused}', f'--device_replay={device}']
         trainer = Trainer(parse_run(preset, argv), agents)
         trainer.train()
+        assert (trainer.agents.replay is not None) == device
         run_dir = trainer.lanes[0].run_dir
         rows = read_csv(run_files.csv_path(run_dir, run_files.agent_log('online')))
-        results[fused] = (len(calls), rows, trainer.agents.agent(0).network.params)
-        monkeypatch.undo()
-        monkeypatch.setenv('WANDB_MODE', 'disabled')
-    (per_step_calls, per_step_rows, per_step_params), (fused_calls, fused_rows, fused_params) = results.values()
-    assert fused_calls < per_step_calls  # the schedules differ...
-    assert [r['step'] for r in fused_rows] == [r['step'] for r in per_step_rows] and len(fused_rows) == 2
-    for a, b in zip(fused_rows, per_step_rows, strict=True):  # ...and train the same agent
-        for key in a:
-            if key != 'time/total':
-                np.testing.assert_allclose(float(a[key]), float(b[key]), **TOL, err_msg=key)
-    jax.tree_util.tree_map(lambda x, y: np.testing.assert_allclose(x, y, **TOL), fused_params, per_step_params)
+        results[fused, device] = (trainer.agents.updates, rows, trainer.agents.agent(0).network.params)
+    reference_calls, reference_rows, reference_params = results.pop((False, False))
+    assert results[False, True][0] == reference_calls > results[True, True][0]  # the schedules differ...
+    for _, rows, params in results.values():  # ...and train the same agent
+        assert [r['step'] for r in rows] == [r['step'] for r in reference_rows] and len(rows) == 2
+        for a, b in zip(rows, reference_rows, strict=True):
+            for key in a:
+                if key != 'time/total':
+                    np.testing.assert_allclose(float(a[key]), float(b[key]), **TOL, err_msg=key)
+        jax.tree_util.tree_map(lambda x, y: np.testing.assert_allclose(x, y, **TOL), params, reference_params)
 
 
 class CompiledNames(logging.Handler):
@@ -89,27 +91,47 @@ class CompiledNames(logging.Handler):
             self.names.append(found.group(1))
 
 
-def test_steady_online_steps_wait_only_for_actions_and_update_once_per_chunk(cube_dir, tmp_path, monkeypatch):
+def test_steady_online_steps_move_only_indices_wait_only_for_actions_and_update_once_per_chunk(cube_dir, tmp_path,
+                                                                                                monkeypatch):
     argv = [*TINY, '--agent.actor_num_samples=2', '--agent.flow_steps=2', f'--dataset_dir={cube_dir}',
             f'--save_dir={tmp_path}',
             '--offline_steps=0', '--online_steps=30', '--start_training=1', '--log_interval=1000', '--eval_interval=0',
             '--eval_episodes=0', '--exp_name=steady']  # fmt: skip
     trainer = Trainer(parse_run(main.PRESET, argv), agents)
-    samples, updates = counting(monkeypatch, 'sample_chunks'), counting(monkeypatch, 'batch_update')
+    samples, updates = counting(monkeypatch, 'sample_chunks'), counting(monkeypatch, '_replay_steps')
+    moved = []  # The bytes of every explicit host-to-device transfer, in order.
+
+    def to_device(tree):
+        moved.append(sum(np.asarray(x).nbytes for x in jax.tree_util.tree_leaves(tree)))
+        return jax.device_put(tree)
+
+    monkeypatch.setattr(seeds, 'to_device', to_device)
+    monkeypatch.setattr(device_replay, 'to_device', to_device)
     compiled = CompiledNames()
     logging.getLogger('jax').addHandler(compiled)
     jax.clear_caches()  # so that every program the loop runs, an eager op too, is compiled (and named) again
     try:
-        # Every device-to-host transfer other than the actions of a policy query (allowed there) raises.
-        with jax.transfer_guard_device_to_host('disallow'), jax.log_compiles(True):
-            trainer.train()
+        # Every transfer other than the explicit ones (`to_device`) and the actions of a policy query raises.
+        with jax.transfer_guard_device_to_host('disallow'), jax.transfer_guard_host_to_device('disallow'):
+            with jax.log_compiles(True):
+                trainer.train()
     finally:
         logging.getLogger('jax').removeHandler(compiled)
     assert trainer.log_step == 30
     # No episode ends in 30 steps: a chunk every 3 steps, and the updates of its 3 steps in one call.
     assert len(samples) == 10 and len(updates) == 10
     # The loop runs the two compiled calls and no eager JAX op (keys, stacking and bookkeeping are NumPy).
-    assert set(compiled.names) == {'batch_update', '_sample_chunk'}, compiled.names
+    assert set(compiled.names) == {'_plain_replay_steps', '_sample_chunk'}, compiled.names
+    # Moved: the buffers once (the first update), then per chunk the policy's inputs and its 3 packed steps, a few
+    # kilobytes where the host batches of 3 steps would be (the observations, actions, next observations of 8 chunks).
+    obs_dim = trainer.lanes[0].dataset['observations'].shape[-1]
+    layout = trainer.agents.replay.layout
+    policy_inputs = trainer.lanes[0].actor.observation.nbytes + 8  # the observation, its key seed and index
+    packed_steps = 3 * layout.size() * 4  # float32
+    assert moved[0] == policy_inputs and len(moved) == 21  # the first chunk's policy call, then the upload
+    assert moved[2::2] == [packed_steps] * 10 and moved[3::2] == [policy_inputs] * 9
+    host_batches = 3 * 8 * (obs_dim + 3 * (obs_dim + 5 + 3)) * 4
+    assert packed_steps < host_batches / 3
 
 
 @pytest.mark.parametrize(

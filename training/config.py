@@ -40,7 +40,8 @@ SETTING_GROUPS = dict(
     evaluation=('eval_interval', 'eval_episodes', 'eval_envs', 'video_episodes', 'video_frame_skip'),
     logging=('log_interval', 'save_all_online_states'),
     checkpoints=('save_interval', 'keep_checkpoints', 'max_runtime'),
-    speed=('fused_steps', 'fuse_online_updates', 'seeds_per_vmap', 'env_workers', 'compilation_cache_dir'),
+    speed=('fused_steps', 'fuse_online_updates', 'device_replay', 'seeds_per_vmap', 'env_workers',
+           'compilation_cache_dir'),
 )  # fmt: skip
 HELP_ARGS = ('-h', '--help', '--helpshort', '-?')
 
@@ -115,6 +116,10 @@ class RunConfig:
                                         'compiled call (sooner when the agents are read: a policy query, log, '
                                         'evaluation, checkpoint): the same updates in the same order (False: one call '
                                         'per step, as the reference).')
+    device_replay: bool = setting(True, 'Keep the dataset and the replay buffers in device memory and gather the '
+                                  'online batches inside the update from indices drawn on the host: the same batches, '
+                                  'a few kilobytes moved per step (state observations; pixels, frame stacking, '
+                                  'augmentation and dataset shards sample on the host).')
     eval_episodes: int = setting(EVAL_EPISODES, 'Evaluation episodes.', minimum=0)
     video_episodes: int = setting(0, 'Rendered evaluation episodes.', minimum=0)
     video_frame_skip: int = setting(3, 'Keep one rendered frame every this many steps.', minimum=1)

@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from analysis import run_files
 from envs.env_state import get_env_state
 from evaluation import monitor_stats
+from training import device_replay
 from training.actor import OnlineActor
 from training.data import ChunkSampler, make_replay_buffer, process_run_dataset, source_counts, sparsify_rewards
 from utils import seeding
@@ -64,7 +65,11 @@ class Lane:
         self.replay = make_replay_buffer(run, self.dataset, seed=self.seed)  # on the seed's `replay` stream
         data_count, replay_count = source_counts(run.batch_size, run.preset.online_data_fraction)
         sources = [('data', self.dataset, data_count), ('replay', self.replay, replay_count)]
-        self.sampler = ChunkSampler(sources, run.horizon_length, run.discount)
+        if device_replay.usable(run, self.dataset, self.shards):  # Chunks gathered inside the update.
+            sampler_args = (sources, run.horizon_length, run.discount, self.dataset, self.replay)
+            self.sampler = device_replay.RowSampler(*sampler_args)
+        else:
+            self.sampler = ChunkSampler(sources, run.horizon_length, run.discount)
         self.actor = OnlineActor(
             self.env,
             self.dataset['actions'].shape[-1],

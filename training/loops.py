@@ -8,6 +8,7 @@ These are the functions to edit to change what a run does; `training.trainer.Tra
 """
 
 from training.actor import SeedActors
+from training.device_replay import DeviceReplay
 from training.schedule import block_end, every, is_eval_step
 
 # Upper bound on the host memory of one block of pre-sampled offline batches (image observations are large).
@@ -79,6 +80,7 @@ def online_loop(run, agents, lanes, hooks):
         lane.start_online()
     actors = SeedActors([lane.actor for lane in lanes], agents)
     agents.fuse_steps = run.horizon_length if run.fuse_online_updates else 1
+    agents.replay = DeviceReplay.for_lanes(lanes, run.utd_ratio)  # None where batches are sampled on the host
     with hooks.phase_of('online', run.online_steps) as start:
         for i in range(start + 1, run.online_steps + 1):
             # After every `dataset_replace_interval` steps (when the reference's `main_online.py` loads one); the

@@ -24,6 +24,7 @@ import numpy as np
 from evaluation import episode_chunks
 from evaluation import sample_episode_chunks as _plain_sample_episode_chunks
 from training.data import join_steps
+from training.device_replay import _plain_replay_steps, replay_steps, to_device
 
 
 def _stack(trees):
@@ -46,6 +47,14 @@ def _group_update(agents, batch, seeds_per_vmap):
 @partial(jax.jit, static_argnames='seeds_per_vmap')
 def _group_batch_update(agents, batch, seeds_per_vmap):
     return _over_seeds(lambda agent, b: agent.batch_update(b), seeds_per_vmap, agents, batch)
+
+
+@partial(jax.jit, static_argnames=('layout', 'seeds_per_vmap'), donate_argnums=1)
+def _group_replay_steps(agents, storage, data, packed, layout, seeds_per_vmap):
+    def seed_steps(agent, seed_storage, seed_packed):
+        return replay_steps(agent, seed_storage, data, seed_packed, layout)
+
+    return _over_seeds(seed_steps, seeds_per_vmap, agents, storage, packed)
 
 
 def chunk_key(key_seed, index):
@@ -87,6 +96,8 @@ class SeedGroup:
         self.seeds_per_vmap = min(seeds_per_vmap, len(self.seeds))
         self._width = None if self.seeds_per_vmap == len(self.seeds) else self.seeds_per_vmap  # `_over_seeds`
         self.fuse_steps = 1  # Online steps whose queued updates run as one call (`queue_updates`).
+        # With a `training.device_replay.DeviceReplay`, queued steps are packed steps of its `RowSampler`s.
+        self.replay = None
         self._held = []  # Steps whose updates are queued and not run yet: per step, every seed's (U, B, ...) batch.
         self._info = None  # The device info of the last update that ran (None before the first).
         self._host_info = None  # `_info` on the host, once `infos` fetched it.
@@ -149,10 +160,12 @@ class SeedGroup:
         return self._updated('batch_update', _group_batch_update, batches)
 
     def queue_updates(self, batches):
-        """One online step's updates, `batches[i]` seed i's (U, B, ...) batch. They run at once with `fuse_steps` 1
-        (the reference's call per step), else when `fuse_steps` steps are queued (one compiled call for them) or
-        when the agents are read next, whichever comes first: the same updates on the same batches in the same
-        order either way."""
+        """One online step's updates, `batches[i]` seed i's (U, B, ...) batch (with `replay`, seed i's packed step).
+        They run at once with `fuse_steps` 1 (the reference's call per step), else when `fuse_steps` steps are
+        queued (one compiled call for them) or when the agents are read next, whichever comes first: the same
+        updates on the same batches in the same order either way."""
+        if self.replay is not None and self.replay.storage is None:
+            self.replay.upload(self.stacked)  # The buffers as this step sampled them.
         self._held.append(batches)
         if len(self._held) >= self.fuse_steps:
             self.run_held()
@@ -165,7 +178,26 @@ class SeedGroup:
         held, self._held = self._held, []
         calls = [held] if len(held) == self.fuse_steps else [[step] for step in held]
         for steps in calls:
-            self.batch_update(join_steps(steps))
+            if self.replay is None:
+                self.batch_update(join_steps(steps))
+            else:
+                self._replay_steps(steps)
+
+    def _replay_steps(self, steps):
+        """Runs packed steps (`steps[t][i]`: seed i's step t) on the device replay: one transfer, one call."""
+        replay = self.replay
+        packed = np.stack([np.stack(seed_steps) for seed_steps in zip(*steps, strict=True)])  # (S, T, L)
+        if not self.stacked:
+            self._agents, replay.storage, info = _plain_replay_steps(
+                self._agents, replay.storage, replay.data, to_device(packed[0]), layout=replay.layout
+            )
+        else:
+            packed = to_device(packed)
+            self._agents, replay.storage, info = _group_replay_steps(
+                self._agents, replay.storage, replay.data, packed, layout=replay.layout, seeds_per_vmap=self._width
+            )
+        self._info, self._host_info = info, None
+        self.updates += 1
 
     def infos(self):
         """Python-float info dicts, one per seed, of the last update (queued ones run first; one device-to-host
@@ -188,9 +220,10 @@ class SeedGroup:
         wait on the device of a policy query."""
         agents = self.agents
         if not self.stacked:
-            actions = _plain_sample_chunk(agents, observations[0], key_seeds[0], indices[0])
+            actions = _plain_sample_chunk(agents, *to_device((observations[0], key_seeds[0], indices[0])))
         else:
-            actions = _group_sample_chunks(agents, observations, key_seeds, indices, seeds_per_vmap=self._width)
+            inputs = to_device((observations, key_seeds, indices))
+            actions = _group_sample_chunks(agents, *inputs, seeds_per_vmap=self._width)
         with jax.transfer_guard_device_to_host('allow'):
             actions = np.asarray(actions)
         return actions if self.stacked else actions[None]

@@ -238,6 +238,31 @@ class Dataset(Mapping):
             batch['observations'], batch['next_observations'] = self._stacked_observations(logical)
         return {k: v[0] for k, v in batch.items()}
 
+    def storage_rows(self, phys):
+        """(own, rows) for physical indices `phys`: `own` marks the entries stored in this object's own rows
+        (`storage()`), the others are rows of the dataset it starts from; a dataset's rows are all its own data
+        rows, so `own` is False everywhere (the layout of `training.device_replay`)."""
+        return np.zeros(np.shape(phys), dtype=bool), phys
+
+    def draw_chunks(self, batch_size, sequence_length):
+        """Logical indices (B, H) of `batch_size` chunks of `sequence_length` consecutive transitions, their starts
+        uniform over the valid starts (one draw of the generator, as `sample_sequence` makes it)."""
+        if self.size < sequence_length:
+            raise ValueError(f'Cannot sample chunks of {sequence_length} steps from {self.size} transitions.')
+        starts = self.rng.integers(0, self.size - sequence_length + 1, size=batch_size)
+        return starts[:, None] + np.arange(sequence_length)  # (B, H)
+
+    def chunk_scalars(self, phys, discount):
+        """The per-step fields of the chunks at physical indices `phys` (B, H): `rewards`, `masks`, `terminals` and
+        `valid` of `sample_sequence`, as float32 (rewards summed in float64 first)."""
+        sequence_length = phys.shape[1]
+        step_rewards = self._dict['rewards'][phys].astype(np.float64)  # (B, H)
+        rewards = np.cumsum(step_rewards * discount ** np.arange(sequence_length), axis=1)
+        masks = np.minimum.accumulate(self._dict['masks'][phys].astype(np.float32), axis=1)
+        ended = np.maximum.accumulate(self._dict['terminals'][phys].astype(np.float32), axis=1)  # (B, H)
+        valid = np.concatenate([np.ones((len(phys), 1), np.float32), 1.0 - ended[:, :-1]], axis=1)
+        return dict(rewards=rewards.astype(np.float32), masks=masks, terminals=ended, valid=valid)
+
     def sample_sequence(self, batch_size, sequence_length, discount, fields=None):
         """Samples chunks of `sequence_length` consecutive transitions (start uniform over valid starts).
 
@@ -253,18 +278,10 @@ class Dataset(Mapping):
             valid (B, H): 1 at step 0 and 1 - terminals[:, i - 1] after, so steps past an episode end are invalid.
         `fields` (a collection of these names) returns only those; the trainer asks for what its losses read.
         """
-        if self.size < sequence_length:
-            raise ValueError(f'Cannot sample chunks of {sequence_length} steps from {self.size} transitions.')
         fields = SEQUENCE_FIELDS if fields is None else tuple(fields)
-        starts = self.rng.integers(0, self.size - sequence_length + 1, size=batch_size)
-        logical = starts[:, None] + np.arange(sequence_length)  # (B, H)
+        logical = self.draw_chunks(batch_size, sequence_length)  # (B, H)
         phys = self._physical(logical)
-
-        step_rewards = self._dict['rewards'][phys].astype(np.float64)  # (B, H)
-        rewards = np.cumsum(step_rewards * discount ** np.arange(sequence_length), axis=1)
-        masks = np.minimum.accumulate(self._dict['masks'][phys].astype(np.float32), axis=1)
-        ended = np.maximum.accumulate(self._dict['terminals'][phys].astype(np.float32), axis=1)  # (B, H)
-        valid = np.concatenate([np.ones((batch_size, 1), np.float32), 1.0 - ended[:, :-1]], axis=1)
+        scalars = self.chunk_scalars(phys, discount)  # rewards, masks, terminals, valid: (B, H)
 
         obs = self._dict['observations']
         want_full = 'full_observations' in fields
@@ -285,10 +302,7 @@ class Dataset(Mapping):
             observations=observations,
             actions=self._dict['actions'][phys],  # (B, H, A)
             next_observations=next_observations,
-            rewards=rewards.astype(np.float32),
-            masks=masks,
-            terminals=ended,
-            valid=valid,
+            **scalars,
         )
         if full is not None:
             batch['full_observations'] = full
@@ -336,6 +350,19 @@ class ReplayBuffer(Dataset):
         if self.size < self.max_size:
             return logical
         return (logical + self.pointer) % self.max_size
+
+    def storage_rows(self, phys):
+        """Every physical index is a row of the buffer's own storage (see `Dataset.storage_rows`)."""
+        return np.ones(np.shape(phys), dtype=bool), phys
+
+    def storage(self):
+        """The arrays of the buffer's own rows, by field (a ring of `max_size` rows)."""
+        return self._dict
+
+    def newest(self):
+        """(storage row, transition) of the transition added last."""
+        row = (self.pointer - 1) % self.max_size
+        return row, {k: v[row] for k, v in self._dict.items()}
 
     def add_transition(self, transition):
         """Writes one transition at the pointer, overwriting the oldest one when full."""
@@ -441,6 +468,20 @@ class PrefixReplayBuffer(ReplayBuffer):
         self.max_size = capacity
         self.size = n
         self.pointer = n % capacity
+
+    def storage_rows(self, phys):
+        """Online transitions are rows of `storage()`; the positions still holding the prefix are its rows."""
+        rows, written = self.layout.locate(phys)
+        return written, np.where(written, rows, phys)
+
+    def storage(self):
+        """The online rows by field (`online_capacity` rows, in arrival order modulo their number)."""
+        return self.online
+
+    def newest(self):
+        """(online row, transition) of the transition added last."""
+        row = (self.layout.count - 1) % self.layout.online_capacity
+        return row, {k: v[row] for k, v in self.online.items()}
 
     def transition_nbytes(self):
         """Bytes of one stored online transition."""

@@ -1,0 +1,187 @@
+"""Online chunks gathered on the device: the dataset and every seed's replay transitions live in device memory, and an
+update receives the storage rows of its chunks instead of the chunks themselves.
+
+A host sampler (`RowSampler`) draws each batch exactly as `training.data.ChunkSampler` draws it (the same generator
+calls, the same sources in the same order), but returns, per update, the storage rows of every chunk step and the
+per-step scalars it computes on the host (`rewards`, `masks`, `valid`, bit for bit `sample_sequence`'s), packed with
+the step's new transition into one float32 vector. The compiled step (`replay_steps`) writes that transition into the
+seed's device storage, gathers observations, actions and next observations of the chunks, and runs the updates; so
+one step moves a few kilobytes to the device instead of a batch, and the batches the agents see are identical.
+
+Storage rows: row r < n (the dataset's size) is dataset transition r; row n + j is row j of the replay buffer's own
+storage (`ReplayBuffer`: its ring; `PrefixReplayBuffer`: its online rows, the prefix being the dataset itself).
+Device memory: the dataset once per process, plus per seed (2 * obs_dim + action_dim) * 4 bytes for every row of its
+replay storage (`--buffer_size` rows in `main_online.py`, `--online_steps` rows in `main.py`).
+
+State observations only: image observations, frame stacking and augmentation (memory, host-side crops) and dataset
+shards (a changing dataset) keep the host sampler (`usable`).
+"""
+
+import dataclasses
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from training.data import ChunkSampler
+from utils.flax_utils import scan_updates
+
+SCALARS = ('rewards', 'masks', 'valid')  # Per-step fields computed on the host, packed beside the rows.
+GATHERED = ('observations', 'actions', 'next_observations')  # Fields gathered on the device from storage rows.
+
+
+def usable(run, dataset, shards):
+    """Whether a run samples its online chunks on the device (`--device_replay` and a dataset it applies to)."""
+    states = dataset['observations'].ndim == 2
+    return run.device_replay and states and run.frame_stack is None and run.p_aug is None and shards is None
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """Static sizes of one packed step: the new transition (its row, observation, action, next observation), then
+    per update and chunk step the row and the scalars."""
+
+    obs_dim: int
+    action_dim: int
+    updates: int  # U
+    batch_size: int  # B
+    horizon: int  # H
+
+    @property
+    def transition_size(self):
+        return 1 + 2 * self.obs_dim + self.action_dim
+
+    def size(self):
+        return self.transition_size + self.updates * self.batch_size * self.horizon * (1 + len(SCALARS))
+
+
+def _as_float32_bits(ints):
+    return np.asarray(ints, dtype=np.int32).view(np.float32)
+
+
+class RowSampler(ChunkSampler):
+    """A `ChunkSampler` whose `sample` returns one packed float32 vector per call (`Layout`): the newest transition
+    of its replay buffer and its chunks as storage rows, with the same generator draws as `ChunkSampler.sample`."""
+
+    def __init__(self, sources, horizon_length, discount, dataset, replay):
+        super().__init__(sources, horizon_length, discount)
+        self.data_size = dataset.size  # Storage rows below it are the dataset's.
+        self.replay = replay
+
+    def layout(self, num_updates):
+        obs_dim = self.replay.storage()['observations'].shape[-1]
+        action_dim = self.replay.storage()['actions'].shape[-1]
+        return Layout(obs_dim, action_dim, num_updates, self.batch_size, self.horizon_length)
+
+    def sample(self, num_updates=1):
+        """The packed step of `num_updates` updates: leaves of the unpacked batch are (num_updates, batch_size, ...)."""
+        H = self.horizon_length
+        rows, scalars = [], []
+        for _, source, count in self.sources:
+            logical = source.draw_chunks(num_updates * count, H)  # (U * count, H)
+            phys = source._physical(logical)
+            own, storage_rows = source.storage_rows(phys)
+            rows.append(np.where(own, self.data_size + storage_rows, storage_rows).reshape(num_updates, count, H))
+            values = source.chunk_scalars(phys, self.discount)
+            scalars.append(np.stack([values[k] for k in SCALARS], axis=-1).reshape(num_updates, count, H, -1))
+        rows, scalars = np.concatenate(rows, axis=1), np.concatenate(scalars, axis=1)  # (U, B, H), (U, B, H, 3)
+        chunks = np.concatenate([_as_float32_bits(rows)[..., None], scalars], axis=-1)  # (U, B, H, 4)
+        row, transition = self.replay.newest()
+        head = [_as_float32_bits([row]), *(np.ravel(transition[k]).astype(np.float32) for k in GATHERED)]
+        return np.concatenate([*head, chunks.ravel()])
+
+
+def _unpack(packed, layout):
+    """The new transition and the (U, B, H) rows and scalars of a packed step (`RowSampler.sample`)."""
+    sizes = np.cumsum([1, layout.obs_dim, layout.action_dim, layout.obs_dim])
+    row, obs, action, next_obs, chunks = jnp.split(packed, sizes)
+    transition = dict(observations=obs, actions=action, next_observations=next_obs)
+    chunks = chunks.reshape(layout.updates, layout.batch_size, layout.horizon, 1 + len(SCALARS))
+    rows = jax.lax.bitcast_convert_type(chunks[..., 0], jnp.int32)
+    scalars = {k: chunks[..., i + 1] for i, k in enumerate(SCALARS)}
+    return jax.lax.bitcast_convert_type(row[0], jnp.int32), transition, rows, scalars
+
+
+def gather(data, storage, rows, scalars):
+    """The batch of the chunks at storage `rows` (U, B, H), as `sample_sequence` returns it for the losses."""
+    n = data['actions'].shape[0]
+    own = rows >= n  # (U, B, H)
+    data_rows, own_rows = jnp.minimum(rows, n - 1), jnp.maximum(rows - n, 0)
+
+    def pick(own_mask, from_data, from_storage):
+        return jnp.where(own_mask.reshape(own_mask.shape + (1,) * (from_data.ndim - own_mask.ndim)), from_storage,
+                         from_data)  # fmt: skip
+
+    observations = data['observations']
+    data_next = observations[data['next_index'][data_rows]] if 'next_index' in data else data['next_observations'][
+        data_rows]  # fmt: skip
+    return dict(
+        observations=pick(own[..., 0], observations[data_rows[..., 0]], storage['observations'][own_rows[..., 0]]),
+        actions=pick(own, data['actions'][data_rows], storage['actions'][own_rows]),  # (U, B, H, A)
+        next_observations=pick(own, data_next, storage['next_observations'][own_rows]),  # (U, B, H, obs)
+        **scalars,
+    )
+
+
+def replay_steps(agent, storage, data, packed, layout):
+    """Runs T online steps of one seed, `packed` (T, layout.size()): each writes its transition into `storage`, then
+    runs its U updates on the chunks gathered from the data and the storage. Returns (agent, storage, last info)."""
+
+    def step(carry, packed_step):
+        agent, storage = carry
+        row, transition, rows, scalars = _unpack(packed_step, layout)
+        storage = {k: storage[k].at[row].set(transition[k]) for k in storage}
+        agent, info = scan_updates(lambda a, b: a._update(b), agent, gather(data, storage, rows, scalars))
+        return (agent, storage), info
+
+    (agent, storage), infos = jax.lax.scan(step, (agent, storage), packed)
+    return agent, storage, jax.tree_util.tree_map(lambda x: x[-1], infos)
+
+
+@partial(jax.jit, static_argnames='layout', donate_argnums=1)
+def _plain_replay_steps(agent, storage, data, packed, layout):
+    return replay_steps(agent, storage, data, packed, layout)
+
+
+def data_arrays(dataset):
+    """The dataset fields the device gathers from: observations (with the episode-final ones of a compact dataset)
+    and next-observation indices, or next observations, and actions."""
+    if dataset.compact:
+        return dict(observations=dataset._obs_store, next_index=dataset._next_index[: dataset.size],
+                    actions=dataset['actions'])  # fmt: skip
+    return {k: dataset[k] for k in GATHERED}
+
+
+class DeviceReplay:
+    """The device copies a `training.seeds.SeedGroup` updates from: the dataset (shared by the seeds) and every
+    seed's replay storage, uploaded from the host buffers on the first step and then kept in step by each packed
+    step's transition."""
+
+    def __init__(self, dataset, buffers, layout):
+        self.dataset = dataset
+        self.buffers = buffers  # One host replay buffer per seed (its `storage()` mirrors the device storage).
+        self.layout = layout  # Of every packed step.
+        self.data = None
+        self.storage = None  # Every seed's storage, (S, rows, ...) leaves for several seeds.
+
+    @classmethod
+    def for_lanes(cls, lanes, num_updates):
+        """The device replay of the lanes' online phase when their samplers are `RowSampler`s, else None."""
+        if not isinstance(lanes[0].sampler, RowSampler):
+            return None
+        return cls(lanes[0].dataset, [lane.replay for lane in lanes], lanes[0].sampler.layout(num_updates))
+
+    def upload(self, stacked):
+        """Copies the dataset and the buffers' storage to the device (their state of now: the step being queued)."""
+        fields = [{k: buffer.storage()[k] for k in GATHERED} for buffer in self.buffers]
+        if stacked:
+            host = {k: np.stack([f[k] for f in fields]) for k in GATHERED}
+        else:
+            host = {k: np.array(v) for k, v in fields[0].items()}  # A copy: the device storage is updated in place.
+        self.data, self.storage = to_device((data_arrays(self.dataset), host))
+
+
+def to_device(tree):
+    """The one host-to-device transfer of the online steps' inputs (explicit, so a transfer guard lets it pass)."""
+    return jax.device_put(tree)
