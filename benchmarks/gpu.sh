@@ -4,11 +4,13 @@
 #   bash benchmarks/gpu.sh [OUT_DIR]          # default OUT_DIR: benchmarks/gpu_results
 #
 # Sections, most important first, each written as soon as it ends (OUT_DIR/<section>.json and .log):
-#   online  main.py's online loop at paper size, per-step and fused schedules, S = 1, 4, 8, with its breakdown,
-#           and the start-up of 1 and 8 seeds; `nvidia-smi dmon` samples the GPU's busy share meanwhile (dmon.txt)
+#   online  main.py's online loop at paper size: per-step and fused schedules, on host batches and with chunks gathered
+#           on the device (--device_replay), S = 1, 4, 8, with its breakdown, and the start-up of 1 and 8 seeds;
+#           `nvidia-smi dmon` samples the GPU's busy share meanwhile (dmon.txt)
 #   updates per-step and fused update rates of QC and QC-FQL at paper size
 #   seeds   seed-updates/s of S = 1, 4, 8, 16 seeds in one process
-# Then OUT_DIR/summary.txt holds the card, every section's tables and its targets. Python wheels the node lacks can
+# Then OUT_DIR/summary.txt holds the card, every section's tables and its targets, and the paper-run estimate
+# (1M offline updates + 1M online steps + evaluations, hours) from the online and updates sections' rates. Python wheels the node lacks can
 # be installed first from a folder of wheels: QC_WHEELS=/path/to/wheels bash benchmarks/gpu.sh.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -55,6 +57,21 @@ for line in open(sys.argv[1]):
     if parts and parts[0].isdigit() and len(parts) > 1 and parts[1].isdigit():
         values.append(int(parts[1]))
 print(f'{len(values)} samples, mean sm {sum(values) / max(len(values), 1):.0f}%' if values else 'no samples')
+PY
+    echo; echo "== Paper run estimate (QC, one seed; benchmarks.run.paper_run_hours)"
+    python3 - "$out" <<'PY'
+import json, os, sys
+from benchmarks.run import paper_run_hours
+def load(name):
+    path = os.path.join(sys.argv[1], f'{name}.json')
+    return json.load(open(path)) if os.path.exists(path) else {}
+offline = [r['fused_ups'] for r in load('updates').get('updates') or [] if r['agent'] == 'QC' and r['size'] == 'paper']
+rows = [r for r in load('online').get('online') or [] if r['agent'] == 'QC' and r['seeds'] == 1
+        and r['env_workers_flag'] == -1]
+for r in rows if offline else []:
+    print(f"  {r['schedule']}, {r['sampling']} sampling: {paper_run_hours(r, offline[0]):.2f} h "
+          f"(offline {offline[0]:.0f} updates/s, online {r['steps_per_s']:.0f} steps/s)")
+print('' if rows and offline else '  missing: the online and updates sections must both have finished')
 PY
 } > "$out/summary.txt"
 cat "$out/summary.txt"

@@ -82,7 +82,7 @@ class PartTimer:
         return timed
 
 
-def make_run(agent_name, size, num_seeds, fused, steps, save_dir, preset, env_workers=-1):
+def make_run(agent_name, size, num_seeds, fused, steps, save_dir, preset, env_workers=-1, device_replay=True):
     from training.config import RunConfig, validate
 
     config = make_config(agent_name, size)
@@ -92,8 +92,8 @@ def make_run(agent_name, size, num_seeds, fused, steps, save_dir, preset, env_wo
             preset=preset, agent=config, env_name=ENV_NAME, dataset_dir=dataset_dir(), save_dir=save_dir,
             seeds=tuple(range(num_seeds)), offline_steps=0, online_steps=steps, start_training=config.horizon_length,
             log_interval=10**9, eval_interval=0, eval_episodes=0, eval_envs=1, buffer_size=steps + 10_000,
-            fuse_online_updates=fused, env_workers=env_workers,
-            exp_name=f'{agent_name}_{size}_s{num_seeds}_{"fused" if fused else "step"}',
+            fuse_online_updates=fused, env_workers=env_workers, device_replay=device_replay,
+            exp_name=f'{agent_name}_{size}_s{num_seeds}_{"fused" if fused else "step"}_{int(device_replay)}',
         )
     )  # fmt: skip
 
@@ -108,9 +108,12 @@ def alone_ms(trainer, horizon, reps=3):
     update, policy = [], []
     for _ in range(reps + 1):
         pending = [[lane.sampler.sample(trainer.run.utd_ratio) for lane in lanes] for _ in range(horizon)]
-        batches = join_steps(pending)
         t = time.perf_counter()
-        jax.block_until_ready(agents.batch_update(batches))
+        if agents.replay is None:
+            agents.batch_update(join_steps(pending))
+        else:  # packed steps (their transition is the newest one again: the same storage)
+            agents._replay_steps(pending)
+        jax.block_until_ready(agents._info)
         update.append((time.perf_counter() - t) / horizon)
         actors = [lane.actor for lane in lanes]
         observations = np.stack([actor.observation for actor in actors])
@@ -121,9 +124,11 @@ def alone_ms(trainer, horizon, reps=3):
     return 1e3 * min(update[1:]), 1e3 * min(policy[1:])
 
 
-def run(agent_name='QC', size='small', seeds=1, fused=True, steps=500, warmup_chunks=4, env_workers=-1, log=print):
+def run(agent_name='QC', size='small', seeds=1, fused=True, steps=500, warmup_chunks=4, env_workers=-1,
+        device_replay=True, log=print):
     """One online run; returns its steps/s, the per-step breakdown (ms), the alone timings and the bound.
-    `env_workers` is the run's `--env_workers` (-1: the default, one worker process per seed after the first)."""
+    `env_workers` is the run's `--env_workers` (-1: the default, one worker process per seed after the first);
+    `device_replay` its `--device_replay` (chunks gathered on the device, or sampled on the host)."""
     import jax
 
     import main
@@ -139,7 +144,8 @@ def run(agent_name='QC', size='small', seeds=1, fused=True, steps=500, warmup_ch
     with tempfile.TemporaryDirectory(prefix='qc-bench-online-') as save_dir:
         horizon = make_config(agent_name, size).horizon_length
         warm = horizon * warmup_chunks + horizon  # compiles happen in the first chunks
-        run_config = make_run(agent_name, size, seeds, fused, steps + warm, save_dir, preset, env_workers)
+        run_config = make_run(agent_name, size, seeds, fused, steps + warm, save_dir, preset, env_workers,
+                              device_replay)
         trainer = Trainer(run_config, agent_classes)
         timer = PartTimer(start=warm)
         agents = trainer.agents
@@ -167,8 +173,8 @@ def run(agent_name='QC', size='small', seeds=1, fused=True, steps=500, warmup_ch
         updates_before = timer.updates_at_start
         update_ms, policy_ms = alone_ms(trainer, horizon)
     out = dict(agent=agent_name, size=size, seeds=seeds, schedule='fused' if fused else 'per step', steps=steps,
-               horizon=horizon, env_workers_flag=env_workers, env_workers=env_worker_count(run_config),
-               backend=jax.default_backend())  # fmt: skip
+               sampling='device' if agents.replay is not None else 'host', horizon=horizon,
+               env_workers_flag=env_workers, env_workers=env_worker_count(run_config), backend=jax.default_backend())
     out['steps_per_s'] = steps / wall
     out['seed_steps_per_s'] = seeds * steps / wall
     out['step_ms'] = 1e3 * wall / steps
@@ -189,7 +195,8 @@ def run(agent_name='QC', size='small', seeds=1, fused=True, steps=500, warmup_ch
     out['startup'] = {k: v for k, v in trainer.startup.stages.items() if v is not None}
     parts_text = ', '.join(f'{p} {out[f"{p}_ms"]:.2f}' for p in (*STEP_PARTS, 'other'))
     log(
-        f'  online {agent_name} {size} S={seeds} {out["schedule"]} env workers {out["env_workers"]}: '
+        f'  online {agent_name} {size} S={seeds} {out["schedule"]} {out["sampling"]} sampling, env workers '
+        f'{out["env_workers"]}: '
         f'{out["steps_per_s"]:.1f} steps/s ({out["step_ms"]:.2f} ms/step: {parts_text}'
         f'); alone: update {update_ms:.2f} ms/step, policy {policy_ms:.2f} ms; bound {bound:.2f} ms '
         f'(efficiency {out["efficiency"]:.2f})'

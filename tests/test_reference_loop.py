@@ -17,7 +17,7 @@ import main
 import main_online
 from agents import agents
 from envs import ogbench_utils
-from training import Trainer
+from training import Trainer, device_replay
 from training.data import LOSS_FIELDS, TRANSITION_KEYS
 from training.lanes import Lane
 from training.seeds import SeedGroup
@@ -156,10 +156,11 @@ def reference_loop(env, dataset, prefix, online_steps, random_steps, start_train
     'preset, extra',
     [
         (main_online.PRESET, ['--start_training=40', '--utd_ratio=2']),
+        (main_online.PRESET, ['--start_training=40', '--utd_ratio=2', '--device_replay=False']),
         (main.PRESET, ['--offline_steps=0', '--start_training=3', '--agent.actor_num_samples=2',
                        '--agent.flow_steps=2']),
     ],
-    ids=['main_online', 'main'],
+    ids=['main_online', 'main_online_host_batches', 'main'],
 )  # fmt: skip
 def test_the_online_data_path_is_the_reference_loops(cube_dir, tmp_path, monkeypatch, preset, extra):
     monkeypatch.setenv('WANDB_MODE', 'disabled')
@@ -185,7 +186,8 @@ def test_the_online_data_path_is_the_reference_loops(cube_dir, tmp_path, monkeyp
         return np.stack([scripted_chunk(int(k), ob, action_dim) for ob, k in zip(observations, indices, strict=True)])
 
     monkeypatch.setattr(SeedGroup, 'sample_chunks', sample_chunks)
-    real_start_online, real_batch_update = Lane.start_online, SeedGroup.batch_update
+    real_start_online, real_batch_update, real_replay_steps = (
+        Lane.start_online, SeedGroup.batch_update, SeedGroup._replay_steps)  # fmt: skip
 
     def start_online(self):
         real_start_online(self)
@@ -197,13 +199,25 @@ def test_the_online_data_path_is_the_reference_loops(cube_dir, tmp_path, monkeyp
         batches.extend({k: np.asarray(v[u]) for k, v in batch.items()} for u in range(len(batch['observations'])))
         return real_batch_update(self, seed_batches)
 
+    def replay_steps(self, steps):
+        # The batches gathered on the device (`--device_replay`), step by step as the compiled call gathers them.
+        replay, storage = self.replay, self.replay.storage
+        for (packed,) in steps:
+            row, transition, rows, scalars = device_replay._unpack(packed, replay.layout)
+            storage = {k: storage[k].at[row].set(transition[k]) for k in storage}
+            batch = device_replay.gather(replay.data, storage, rows, scalars)
+            batches.extend({k: np.asarray(v[u]) for k, v in batch.items()} for u in range(len(rows)))
+        return real_replay_steps(self, steps)
+
     monkeypatch.setattr(Lane, 'start_online', start_online)
     monkeypatch.setattr(SeedGroup, 'batch_update', batch_update)
+    monkeypatch.setattr(SeedGroup, '_replay_steps', replay_steps)
     trainer = Trainer(run, agents)
     lane = trainer.lanes[0]
     lane.env = ScriptedEnds(lane.env)
     dataset = lane.dataset
     trainer.train()
+    assert (trainer.agents.replay is not None) == run.device_replay
 
     # The reference's loop on its own copy of the environment, with the starts this project drew.
     data = {k: dataset[k] for k in TRANSITION_KEYS}

@@ -25,7 +25,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from training.data import ChunkSampler
-from utils.flax_utils import scan_updates
 
 SCALARS = ('rewards', 'masks', 'valid')  # Per-step fields computed on the host, packed beside the rows.
 GATHERED = ('observations', 'actions', 'next_observations')  # Fields gathered on the device from storage rows.
@@ -132,7 +131,7 @@ def replay_steps(agent, storage, data, packed, layout):
         agent, storage = carry
         row, transition, rows, scalars = _unpack(packed_step, layout)
         storage = {k: storage[k].at[row].set(transition[k]) for k in storage}
-        agent, info = scan_updates(lambda a, b: a._update(b), agent, gather(data, storage, rows, scalars))
+        agent, info = agent.batch_update(gather(data, storage, rows, scalars))  # its U updates, (U, B, ...) leaves
         return (agent, storage), info
 
     (agent, storage), infos = jax.lax.scan(step, (agent, storage), packed)
