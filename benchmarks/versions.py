@@ -6,7 +6,7 @@
 The earlier commit is checked out into a temporary git worktree. Each version runs as a subprocess with
 `--online_steps` of `short` and of `short + steps` (tiny QC networks, no offline phase, no evaluation), and its
 rate is the extra steps over the extra wall time, so start-up and compiles cancel out. This tree's runs use the
-persistent compilation cache, warmed by one run first, so that both of its timed runs load the same programs.
+persistent compilation cache, warmed by a run of each length first, so that its timed runs load their programs.
 """
 
 import argparse
@@ -50,8 +50,9 @@ def wall(tree, flags, steps, name):
 
 def rate(tree, flags, short, steps, label, warm=False):
     """Online steps/s of `tree`'s main.py: the extra `steps` over the extra seconds."""
-    if warm:
+    if warm:  # Both lengths: the device replay's storage has a row per online step, so each length compiles its own.
         wall(tree, flags, short, f'{label}_warm')
+        wall(tree, flags, short + steps, f'{label}_warm_long')
     t_short = wall(tree, flags, short, f'{label}_short')
     t_long = wall(tree, flags, short + steps, f'{label}_long')
     return steps / (t_long - t_short)

@@ -4,9 +4,12 @@ same generator draws: on index-tagged data with episode ends, a replay ring that
 import jax
 import numpy as np
 import pytest
+from helpers import tiny_acfql_config
 
+from agents.acfql import ACFQLAgent
 from training.data import LOSS_FIELDS, ChunkSampler
 from training.device_replay import DeviceReplay, RowSampler, _unpack, gather
+from training.seeds import SeedGroup
 from utils.datasets import Dataset, PrefixReplayBuffer, ReplayBuffer
 
 H, OBS, ACT = 3, 2, 2
@@ -91,3 +94,41 @@ def test_device_gather_equals_host_sampler_with_a_shared_prefix_that_wrapped():
         np.testing.assert_array_equal(device[key], host[key], err_msg=key)
     starts = host['observations'][..., 0]
     assert (starts >= 200).any() and (starts < 40).any() and not (starts < 5).any()  # overwritten prefix gone
+
+
+@pytest.mark.parametrize('seeds_per_vmap', [2, 1], ids=['vmapped', 'looped'])
+def test_seeds_on_device_replay_train_as_each_seed_alone(seeds_per_vmap):
+    """Two seeds' packed steps in one call (vmapped, or one seed after the other inside it), the dataset shared and
+    each seed's replay storage its own, give what each seed's steps give alone."""
+    config = tiny_acfql_config(horizon_length=H, actor_hidden_dims=(8,), value_hidden_dims=(8,), batch_size=4,
+                               actor_num_samples=2, flow_steps=2)  # fmt: skip
+    example = {k: v[0] for k, v in tagged([0]).items()}
+
+    def train(seeds, width):
+        datasets = [dataset() for _ in seeds]  # the same data, a generator per seed
+        for data, seed in zip(datasets, seeds, strict=True):
+            data.rng = np.random.default_rng(seed)
+        group = SeedGroup.create(ACFQLAgent, seeds, datasets[0]['observations'][:1], datasets[0]['actions'][:1],
+                                 config, width)  # fmt: skip
+        buffers, samplers = [], []
+        for data, seed in zip(datasets, seeds, strict=True):
+            buffers.append(ReplayBuffer.create(example, size=10, seed=seed))
+            fill(buffers[-1], 100 * seed, 8)
+            samplers.append(RowSampler([('data', data, 2), ('replay', buffers[-1], 2)], H, 0.99, data, buffers[-1]))
+        group.replay = DeviceReplay(datasets[0], buffers, samplers[0].layout(2))
+        group.fuse_steps = 2
+        for step in range(4):  # two calls of two steps, U = 2; the rings wrap
+            for buffer, seed in zip(buffers, seeds, strict=True):
+                fill(buffer, 100 * seed + 8 + step, 1)
+            group.queue_updates([sampler.sample(2) for sampler in samplers])
+        group.run_held()
+        assert group.updates == 2 and buffers[0].pointer == 2
+        return group
+
+    group = train((0, 1), seeds_per_vmap)
+    params = [group.agent(i).network.params for i in range(2)]
+    for i, seed in enumerate((0, 1)):
+        alone = train((seed,), 1)
+        jax.tree_util.tree_map(lambda x, y: np.testing.assert_allclose(x, y, rtol=2e-4, atol=2e-5), params[i],
+                               alone.agent(0).network.params)  # fmt: skip
+    assert not np.allclose(jax.tree_util.tree_leaves(params[0])[0], jax.tree_util.tree_leaves(params[1])[0])

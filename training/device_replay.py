@@ -11,7 +11,8 @@ one step moves a few kilobytes to the device instead of a batch, and the batches
 Storage rows: row r < n (the dataset's size) is dataset transition r; row n + j is row j of the replay buffer's own
 storage (`ReplayBuffer`: its ring; `PrefixReplayBuffer`: its online rows, the prefix being the dataset itself).
 Device memory: the dataset once per process, plus per seed (2 * obs_dim + action_dim) * 4 bytes for every row of its
-replay storage (`--buffer_size` rows in `main_online.py`, `--online_steps` rows in `main.py`).
+replay storage (`--buffer_size` rows in `main_online.py`, `--online_steps` rows in `main.py`; rounded up to a power
+of two, `storage_rows`).
 
 State observations only: image observations, frame stacking and augmentation (memory, host-side crops) and dataset
 shards (a changing dataset) keep the host sampler (`usable`).
@@ -172,13 +173,23 @@ class DeviceReplay:
         return cls(lanes[0].dataset, [lane.replay for lane in lanes], lanes[0].sampler.layout(num_updates))
 
     def upload(self, stacked):
-        """Copies the dataset and the buffers' storage to the device (their state of now: the step being queued)."""
-        fields = [{k: buffer.storage()[k] for k in GATHERED} for buffer in self.buffers]
-        if stacked:
-            host = {k: np.stack([f[k] for f in fields]) for k in GATHERED}
-        else:
-            host = {k: np.array(v) for k, v in fields[0].items()}  # A copy: the device storage is updated in place.
+        """Copies the dataset and the buffers' storage to the device (their state of now: the step being queued).
+        The device storage has `storage_rows` rows, the rows past the buffers' never read."""
+        host = {}
+        for k in GATHERED:
+            rows = [buffer.storage()[k] for buffer in self.buffers]
+            # A new array (the device storage is updated in place), padded to its bucket of rows.
+            padded = np.zeros((len(rows), storage_rows(len(rows[0])), *rows[0].shape[1:]), dtype=np.float32)
+            for seed_rows, out in zip(rows, padded, strict=True):
+                out[: len(seed_rows)] = seed_rows
+            host[k] = padded if stacked else padded[0]
         self.data, self.storage = to_device((data_arrays(self.dataset), host))
+
+
+def storage_rows(rows):
+    """Device rows of a replay storage of `rows` rows: the next power of two, at least 1024, so that runs of nearby
+    lengths (the rows of `main.py`'s storage are its online steps) run one compiled program, at most 2x the rows."""
+    return max(1024, 1 << (int(rows) - 1).bit_length())
 
 
 def to_device(tree):
