@@ -34,6 +34,23 @@ jax.config.update('jax_persistent_cache_min_entry_size_bytes', 0)
 
 
 @pytest.fixture(scope='session')
+def data_dir(tmp_path_factory):
+    """A small generated cube-single dataset (3 episodes of 61 steps), shared by the driver tests."""
+    return generate_cube_single(tmp_path_factory.mktemp('data'))
+
+
+@pytest.fixture(scope='session')
 def cube_dir(tmp_path_factory):
     """A tiny generated cube-single dataset (2 episodes of 41 steps), shared by the trainer tests."""
     return generate_cube_single(tmp_path_factory.mktemp('ogbench'), num_episodes=2, episode_length=41)
+
+
+def pytest_collection_modifyitems(config, items):
+    """The long end-to-end tests first (`slow(longest=True)` before the other `slow` ones, each group in file
+    order): the workers share them from the start instead of one worker finishing them alone at the end."""
+
+    def rank(item):
+        marker = item.get_closest_marker('slow')
+        return 2 if marker is None else (0 if marker.kwargs.get('longest') else 1)
+
+    items.sort(key=rank)

@@ -2,10 +2,13 @@
 
 import csv
 import glob
+import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 
 import numpy as np
 
@@ -113,21 +116,38 @@ def subprocess_env():
     return env
 
 
+# Generated test datasets, kept between suite runs like the compilation cache (conftest.py): each is made once per
+# generator version and arguments, then copied into the tests' temporary folders.
+DATA_CACHE = os.path.join(os.path.expanduser('~'), '.cache', 'qc-jax', 'test-data')
+
+
+def _data_key(args):
+    """The cache key of a generated dataset: the arguments, the generator's source and the simulator versions."""
+    from importlib.metadata import version
+
+    digest = hashlib.sha256(repr((args, version('ogbench'), version('mujoco'), np.__version__)).encode())
+    with open(os.path.join(ROOT, 'envs', 'generate_ogbench.py'), 'rb') as f:
+        digest.update(f.read())
+    return digest.hexdigest()[:16]
+
+
 def generate_cube_single(out_dir, num_episodes=3, episode_length=61):
-    """Writes a tiny cube-single play dataset (and its val split) with the project's OGBench generator."""
-    cmd = [
-        sys.executable,
-        '-m',
-        'envs.generate_ogbench',
-        '--env_name=cube-single-play-v0',
-        f'--save_dir={out_dir}',
-        f'--num_episodes={num_episodes}',
-        '--num_val_episodes=1',
-        f'--episode_length={episode_length}',
-        '--seed=0',
-        '--workers=1',  # a few short episodes: starting worker processes would take longer than collecting them
-    ]
-    subprocess.run(cmd, cwd=ROOT, env=subprocess_env(), check=True, capture_output=True)
+    """Writes a tiny cube-single play dataset (and its val split) made by the project's OGBench generator into
+    `out_dir` (generated on the first call for these arguments and generator, then copied from `DATA_CACHE`)."""
+    args = ['--env_name=cube-single-play-v0', f'--num_episodes={num_episodes}', '--num_val_episodes=1',
+            f'--episode_length={episode_length}', '--seed=0',
+            '--workers=1']  # a few short episodes: starting worker processes would take longer than collecting them
+    cached = os.path.join(DATA_CACHE, _data_key(args))
+    if not os.path.isdir(cached):
+        os.makedirs(DATA_CACHE, exist_ok=True)
+        made = tempfile.mkdtemp(dir=DATA_CACHE, prefix='making-')
+        cmd = [sys.executable, '-m', 'envs.generate_ogbench', f'--save_dir={made}', *args]
+        subprocess.run(cmd, cwd=ROOT, env=subprocess_env(), check=True, capture_output=True)
+        try:
+            os.rename(made, cached)  # atomic: a concurrent test process sees all of it or nothing
+        except OSError:  # another process made it first
+            shutil.rmtree(made, ignore_errors=True)
+    shutil.copytree(cached, out_dir, dirs_exist_ok=True)
     return str(out_dir)
 
 

@@ -12,7 +12,7 @@ import jax
 import ml_collections
 import numpy as np
 import pytest
-from helpers import ROOT, generate_cube_single, only_run_dir, read_csv, run_driver, subprocess_env
+from helpers import ROOT, only_run_dir, read_csv, run_driver, subprocess_env
 
 from agents import agents
 from utils.flax_utils import restore_agent_with_file
@@ -27,11 +27,6 @@ TINY = [
     '--eval_episodes=1',
     '--log_interval=5',
 ]
-
-
-@pytest.fixture(scope='module')
-def data_dir(tmp_path_factory):
-    return generate_cube_single(tmp_path_factory.mktemp('ogbench'))
 
 
 def run_main(data_dir, save_dir, *args):

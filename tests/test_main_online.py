@@ -3,7 +3,7 @@
 import os
 
 import pytest
-from helpers import generate_cube_single, only_run_dir, read_csv, run_driver
+from helpers import only_run_dir, read_csv, run_driver
 
 TINY = [
     '--env_name=cube-single-play-singletask-task2-v0',
@@ -15,11 +15,6 @@ TINY = [
     '--log_interval=4',
     '--eval_interval=0',
 ]
-
-
-@pytest.fixture(scope='module')
-def data_dir(tmp_path_factory):
-    return generate_cube_single(tmp_path_factory.mktemp('ogbench'))
 
 
 @pytest.mark.parametrize(

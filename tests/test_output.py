@@ -9,7 +9,7 @@ import sys
 import imageio.v3 as iio
 import numpy as np
 import pytest
-from helpers import ROOT, generate_cube_single, parse_run, subprocess_env
+from helpers import ROOT, parse_run, subprocess_env
 
 import log_utils
 from analysis import plotting
@@ -29,11 +29,6 @@ TINY = [
 # What third-party noise looked like: Python warnings, absl-formatted log lines, GLFW, JAX's TPU probe.
 NOISE = re.compile(r'Warning|WARN|^[IWEF]\d{4} |GLFW|Unable to initialize backend|OpenGL_accelerate')
 PROGRESS = re.compile(r'^(offline|online):\s+\d+%\|')
-
-
-@pytest.fixture(scope='module')
-def data_dir(tmp_path_factory):
-    return generate_cube_single(tmp_path_factory.mktemp('output_data'))
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 import pytest
-from helpers import ROOT, generate_cube_single, read_csv, run_driver, subprocess_env
+from helpers import ROOT, read_csv, run_driver, subprocess_env
 
 from utils.checkpoints import read_checkpoint_file
 
@@ -25,11 +25,6 @@ TINY = [
 ]
 OFFLINE = ['--offline_steps=40', '--online_steps=0', '--log_interval=5', '--eval_interval=20', '--save_interval=10']
 TIME_COLUMNS = ('time/total', 'episode.duration')  # wall-clock values
-
-
-@pytest.fixture(scope='module')
-def data_dir(tmp_path_factory):
-    return generate_cube_single(tmp_path_factory.mktemp('ogbench'))
 
 
 def args_for(data_dir, save_dir, exp_name, *extra):

@@ -12,7 +12,7 @@ import sys
 
 import numpy as np
 import pytest
-from helpers import ROOT, fake_run, generate_cube_single, read_csv, subprocess_env
+from helpers import ROOT, fake_run, read_csv, subprocess_env
 
 from sweeps import jobs, launch, presets, report, spec
 from training import paper_settings
@@ -33,11 +33,6 @@ TINY_FLAGS = {
     'agent.batch_size': 8,
 }
 MAIN_FLAGS = {'offline_steps': 40, 'agent.flow_steps': 2, 'fused_steps': 5}
-
-
-@pytest.fixture(scope='module')
-def data_dir(tmp_path_factory):
-    return generate_cube_single(tmp_path_factory.mktemp('sweep_data'))
 
 
 def write_spec(path, data_dir, **changes):
@@ -264,7 +259,7 @@ def check_finished_sweep(sweep_dir):
     return lines
 
 
-@pytest.mark.slow
+@pytest.mark.slow(longest=True)
 def test_local_sweep_runs_skips_finished_runs_and_tabulates(data_dir, tmp_path):
     path = write_spec(tmp_path / 'spec.json', data_dir)
     sweep_dir = str(tmp_path / 'sweep')
@@ -313,7 +308,7 @@ def slurm_cluster(tmp_path):
         subprocess.run(['bash', script, 'stop', str(state)], env=env, capture_output=True)
 
 
-@pytest.mark.slow
+@pytest.mark.slow(longest=True)
 def test_slurm_sweep_survives_a_preemption(data_dir, tmp_path, slurm_cluster):
     env = slurm_cluster
     # The QC runs are long enough (in steps) to be preempted after their first checkpoint.
