@@ -91,10 +91,10 @@ class CompiledNames(logging.Handler):
             self.names.append(found.group(1))
 
 
-def test_steady_online_steps_move_only_indices_wait_only_for_actions_and_update_once_per_chunk(cube_dir, tmp_path,
-                                                                                                monkeypatch):
+@pytest.mark.parametrize('fused', [True, False], ids=['fused', 'pipelined'])
+def test_steady_online_steps_move_only_indices_and_wait_only_for_actions(cube_dir, tmp_path, monkeypatch, fused):
     argv = [*TINY, '--agent.actor_num_samples=2', '--agent.flow_steps=2', f'--dataset_dir={cube_dir}',
-            f'--save_dir={tmp_path}',
+            f'--save_dir={tmp_path}', f'--fuse_online_updates={fused}',
             '--offline_steps=0', '--online_steps=30', '--start_training=1', '--log_interval=1000', '--eval_interval=0',
             '--eval_episodes=0', '--exp_name=steady']  # fmt: skip
     trainer = Trainer(parse_run(main.PRESET, argv), agents)
@@ -118,20 +118,23 @@ def test_steady_online_steps_move_only_indices_wait_only_for_actions_and_update_
     finally:
         logging.getLogger('jax').removeHandler(compiled)
     assert trainer.log_step == 30
-    # No episode ends in 30 steps: a chunk every 3 steps, and the updates of its 3 steps in one call.
-    assert len(samples) == 10 and len(updates) == 10
+    # No episode ends in 30 steps: a chunk every 3 steps, and the updates of its 3 steps in one call (fused), or
+    # each step's in its own call as soon as its batch exists (pipelined).
+    steps_per_call = 3 if fused else 1
+    assert len(samples) == 10 and len(updates) == 30 // steps_per_call
     # The loop runs the two compiled calls and no eager JAX op (keys, stacking and bookkeeping are NumPy).
     assert set(compiled.names) == {'_plain_replay_steps', '_sample_chunk'}, compiled.names
-    # Moved: the buffers once (the first update), then per chunk the policy's inputs and its 3 packed steps, a few
+    # Moved: the buffers once (the first update), then per chunk the policy's inputs and its packed steps, a few
     # kilobytes where the host batches of 3 steps would be (the observations, actions, next observations of 8 chunks).
     obs_dim = trainer.lanes[0].dataset['observations'].shape[-1]
     layout = trainer.agents.replay.layout
     policy_inputs = trainer.lanes[0].actor.observation.nbytes + 8  # the observation, its key seed and index
-    packed_steps = 3 * layout.size() * 4  # float32
-    assert moved[0] == policy_inputs and len(moved) == 21  # the first chunk's policy call, then the upload
-    assert moved[2::2] == [packed_steps] * 10 and moved[3::2] == [policy_inputs] * 9
+    packed = steps_per_call * layout.size() * 4  # float32
+    assert moved[0] == policy_inputs  # the first chunk's policy call; then the upload (the first update)
+    chunk = [packed] * (3 // steps_per_call) + [policy_inputs]  # then per chunk: its updates, the next policy call
+    assert moved[2:] == (chunk * 10)[:-1]
     host_batches = 3 * 8 * (obs_dim + 3 * (obs_dim + 5 + 3)) * 4
-    assert packed_steps < host_batches / 3
+    assert 3 * layout.size() * 4 < host_batches / 3
 
 
 @pytest.mark.parametrize(

@@ -242,16 +242,16 @@ def test_a_bad_device_list_ends_with_one_line(tmp_path):
 # Tiny sweeps.
 
 
-def check_finished_sweep(sweep_dir):
+def check_finished_sweep(sweep_dir, seeds=2):
     status = sweep('status', sweep_dir)
     assert status.returncode == 0, status.stderr
     lines = status.stdout.strip().splitlines()
-    assert lines[-1] == '4 runs: 4 finished', status.stdout
+    assert lines[-1] == f'{2 * seeds} runs: {2 * seeds} finished', status.stdout
     table = sweep('table', sweep_dir, '--out', os.path.join(sweep_dir, 'results.md'), '--plots',
                   os.path.join(sweep_dir, 'plots'))  # fmt: skip
     assert table.returncode == 0, table.stderr
     rows = [line.split(' | ') for line in table.stdout.splitlines() if line.startswith(f'| {ENV}')]
-    assert [(r[1], r[2]) for r in rows] == [('QC', '2'), ('RLPD-AC', '2')], table.stdout
+    assert [(r[1], r[2]) for r in rows] == [('QC', str(seeds)), ('RLPD-AC', str(seeds))], table.stdout
     # Our offline and online ends (columns 3 and 5; 4 and 6 hold the paper's, which has no cube-single row).
     assert rows[0][3] != '-' and rows[0][5] != '-' and rows[1][3] == '-' and rows[1][5] != '-'
     assert rows[0][4] == 'no published row'
@@ -311,12 +311,14 @@ def slurm_cluster(tmp_path):
 @pytest.mark.slow(longest=True)
 def test_slurm_sweep_survives_a_preemption(data_dir, tmp_path, slurm_cluster):
     env = slurm_cluster
-    # The QC runs are long enough (in steps) to be preempted after their first checkpoint.
-    path = write_spec(tmp_path / 'spec.json', data_dir, driver_flags={'main.py': dict(MAIN_FLAGS, offline_steps=300)})
+    # The QC run is long enough (in steps) to be preempted after its first checkpoint; one seed of each method (one
+    # job per driver; the local sweep test runs several seeds).
+    path = write_spec(tmp_path / 'spec.json', data_dir, driver_flags={'main.py': dict(MAIN_FLAGS, offline_steps=300)},
+                      seeds=[0])  # fmt: skip
     sweep_dir = str(tmp_path / 'sweep')
     proc = sweep('launch', path, sweep_dir, '--executor=slurm', '--time=20', '--cpus=1', env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert 'submitted 4 SLURM jobs' in proc.stdout
+    assert 'submitted 2 SLURM jobs' in proc.stdout
 
     runs, unit_of = report.load_sweep(sweep_dir)
     target = next(r for r in runs if r.method == 'QC' and r.seed == 0)
@@ -336,7 +338,7 @@ def test_slurm_sweep_survives_a_preemption(data_dir, tmp_path, slurm_cluster):
     _wait(restarted, 60, f'job {job} to be requeued')
     _wait(lambda: all(report.is_finished(sweep_dir, r.name) for r in runs), 420, 'every run to finish', poll=3)
 
-    lines = check_finished_sweep(sweep_dir)
+    lines = check_finished_sweep(sweep_dir, seeds=1)
     assert all(' finished ' in line for line in lines[1:-1])
     log = open(os.path.join(sweep_dir, 'jobs', f'{unit_of[target.name]}.out')).read()
     assert 'Resuming ' in log, log  # The requeued job continued from the checkpoint.
