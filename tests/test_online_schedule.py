@@ -129,7 +129,7 @@ def test_steady_online_steps_move_only_indices_and_wait_only_for_actions(cube_di
     obs_dim = trainer.lanes[0].dataset['observations'].shape[-1]
     layout = trainer.agents.replay.layout
     policy_inputs = trainer.lanes[0].actor.observation.nbytes + 8  # the observation, its key seed and index
-    packed = steps_per_call * layout.size() * 4  # float32
+    packed = steps_per_call * layout.size() * 4  # int32
     assert moved[0] == policy_inputs  # the first chunk's policy call; then the upload (the first update)
     chunk = [packed] * (3 // steps_per_call) + [policy_inputs]  # then per chunk: its updates, the next policy call
     assert moved[2:] == (chunk * 10)[:-1]

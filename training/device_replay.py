@@ -4,9 +4,10 @@ update receives the storage rows of its chunks instead of the chunks themselves.
 A host sampler (`RowSampler`) draws each batch exactly as `training.data.ChunkSampler` draws it (the same generator
 calls, the same sources in the same order), but returns, per update, the storage rows of every chunk step and the
 per-step scalars it computes on the host (`rewards`, `masks`, `valid`, bit for bit `sample_sequence`'s), packed with
-the step's new transition into one float32 vector. The compiled step (`replay_steps`) writes that transition into the
-seed's device storage, gathers observations, actions and next observations of the chunks, and runs the updates; so
-one step moves a few kilobytes to the device instead of a batch, and the batches the agents see are identical.
+the step's new transition into one int32 vector (floats as their bits). The compiled step (`replay_steps`) writes
+that transition into the seed's device storage, gathers observations, actions and next observations of the chunks,
+and runs the updates; so one step moves a few kilobytes to the device instead of a batch, and the batches the agents
+see are identical.
 
 Storage rows: row r < n (the dataset's size) is dataset transition r; row n + j is row j of the replay buffer's own
 storage (`ReplayBuffer`: its ring; `PrefixReplayBuffer`: its online rows, the prefix being the dataset itself).
@@ -40,7 +41,7 @@ def usable(run, dataset, shards):
 @dataclasses.dataclass(frozen=True)
 class Layout:
     """Static sizes of one packed step: the new transition (its row, observation, action, next observation), then
-    per update and chunk step the row and the scalars."""
+    per update and chunk step the row and the scalars; int32 throughout (floats as their bits)."""
 
     obs_dim: int
     action_dim: int
@@ -50,18 +51,22 @@ class Layout:
 
     @property
     def transition_size(self):
+        """Entries of the new transition: its row, observation, action and next observation."""
         return 1 + 2 * self.obs_dim + self.action_dim
 
     def size(self):
+        """Entries of one packed step."""
         return self.transition_size + self.updates * self.batch_size * self.horizon * (1 + len(SCALARS))
 
 
-def _as_float32_bits(ints):
-    return np.asarray(ints, dtype=np.int32).view(np.float32)
+def _as_int32_bits(values):
+    """float32 values as the int32 of their bits (the packed vector is int32, so that the rows never pass as floats:
+    small ints are subnormal floats, which a device may flush to zero)."""
+    return np.asarray(values, dtype=np.float32).view(np.int32)
 
 
 class RowSampler(ChunkSampler):
-    """A `ChunkSampler` whose `sample` returns one packed float32 vector per call (`Layout`): the newest transition
+    """A `ChunkSampler` whose `sample` returns one packed int32 vector per call (`Layout`): the newest transition
     of its replay buffer and its chunks as storage rows, with the same generator draws as `ChunkSampler.sample`."""
 
     def __init__(self, sources, horizon_length, discount, dataset, replay):
@@ -70,6 +75,7 @@ class RowSampler(ChunkSampler):
         self.replay = replay
 
     def layout(self, num_updates):
+        """The `Layout` of `sample(num_updates)`."""
         obs_dim = self.replay.storage()['observations'].shape[-1]
         action_dim = self.replay.storage()['actions'].shape[-1]
         return Layout(obs_dim, action_dim, num_updates, self.batch_size, self.horizon_length)
@@ -86,9 +92,9 @@ class RowSampler(ChunkSampler):
             values = source.chunk_scalars(phys, self.discount)
             scalars.append(np.stack([values[k] for k in SCALARS], axis=-1).reshape(num_updates, count, H, -1))
         rows, scalars = np.concatenate(rows, axis=1), np.concatenate(scalars, axis=1)  # (U, B, H), (U, B, H, 3)
-        chunks = np.concatenate([_as_float32_bits(rows)[..., None], scalars], axis=-1)  # (U, B, H, 4)
+        chunks = np.concatenate([rows[..., None].astype(np.int32), _as_int32_bits(scalars)], axis=-1)  # (U, B, H, 4)
         row, transition = self.replay.newest()
-        head = [_as_float32_bits([row]), *(np.ravel(transition[k]).astype(np.float32) for k in GATHERED)]
+        head = [np.array([row], dtype=np.int32), *(_as_int32_bits(np.ravel(transition[k])) for k in GATHERED)]
         return np.concatenate([*head, chunks.ravel()])
 
 
@@ -96,11 +102,14 @@ def _unpack(packed, layout):
     """The new transition and the (U, B, H) rows and scalars of a packed step (`RowSampler.sample`)."""
     sizes = np.cumsum([1, layout.obs_dim, layout.action_dim, layout.obs_dim])
     row, obs, action, next_obs, chunks = jnp.split(packed, sizes)
-    transition = dict(observations=obs, actions=action, next_observations=next_obs)
+
+    def as_float32(bits):
+        return jax.lax.bitcast_convert_type(bits, jnp.float32)
+
+    transition = dict(observations=as_float32(obs), actions=as_float32(action), next_observations=as_float32(next_obs))
     chunks = chunks.reshape(layout.updates, layout.batch_size, layout.horizon, 1 + len(SCALARS))
-    rows = jax.lax.bitcast_convert_type(chunks[..., 0], jnp.int32)
-    scalars = {k: chunks[..., i + 1] for i, k in enumerate(SCALARS)}
-    return jax.lax.bitcast_convert_type(row[0], jnp.int32), transition, rows, scalars
+    scalars = {k: as_float32(chunks[..., i + 1]) for i, k in enumerate(SCALARS)}
+    return row[0], transition, chunks[..., 0], scalars
 
 
 def gather(data, storage, rows, scalars):
