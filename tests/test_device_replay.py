@@ -97,6 +97,7 @@ def test_device_gather_equals_host_sampler_with_a_shared_prefix_that_wrapped():
 
 
 @pytest.mark.parametrize('seeds_per_vmap', [2, 1], ids=['vmapped', 'looped'])
+@pytest.mark.slow
 def test_seeds_on_device_replay_train_as_each_seed_alone(seeds_per_vmap):
     """Two seeds' packed steps in one call (vmapped, or one seed after the other inside it), the dataset shared and
     each seed's replay storage its own, give what each seed's steps give alone."""
