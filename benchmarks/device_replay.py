@@ -33,35 +33,32 @@ def ms_per_step(rows, steps=200, log=print):
     import jax
 
     from agents.acfql import ACFQLAgent, get_config
-    from training.device_replay import DeviceReplay, RowSampler, _plain_replay_steps, to_device
+    from training.device_replay import DeviceReplay, RowSampler
+    from training.seeds import SeedGroup
     from utils.datasets import ReplayBuffer
 
     data = random_dataset()
     config = get_config()
     config.update(horizon_length=H, batch_size=16, actor_hidden_dims=(32, 32), value_hidden_dims=(32, 32),
                   actor_num_samples=4, flow_steps=3)  # fmt: skip
-    agent = ACFQLAgent.create(0, data['observations'][:1], data['actions'][:1], config)
+    agents = SeedGroup.create(ACFQLAgent, (0,), data['observations'][:1], data['actions'][:1], config)
     transition = {k: data[k][0] for k in data}
     buffer = ReplayBuffer.create(transition, size=rows, seed=0)
     for i in range(50):
         buffer.add_transition({k: data[k][i] for k in data})
     sampler = RowSampler([('data', data, 8), ('replay', buffer, 8)], H, 0.99, data, buffer)
-    replay = DeviceReplay(data, [buffer], sampler.layout(1))
-    replay.upload(stacked=False)
+    agents.replay = DeviceReplay(data, [buffer], sampler.layout(1))  # one call per step (`fuse_steps` 1)
 
-    def step(agent):
+    def step():
         buffer.add_transition(transition)
-        packed = to_device(np.stack([sampler.sample(1)]))
-        agent, replay.storage, info = _plain_replay_steps(agent, replay.storage, replay.data, packed,
-                                                          layout=replay.layout)  # fmt: skip
-        return agent, info
+        agents.queue_updates([sampler.sample(1)])
 
-    agent, info = step(agent)
-    jax.block_until_ready(info)
+    step()
+    jax.block_until_ready(agents.agents)
     start = time.perf_counter()
     for _ in range(steps):
-        agent, info = step(agent)
-    jax.block_until_ready(info)
+        step()
+    jax.block_until_ready(agents.agents)
     ms = 1e3 * (time.perf_counter() - start) / steps
     log(f'  device replay, {rows} storage rows: {ms:.2f} ms per step')
     return ms

@@ -102,18 +102,16 @@ def alone_ms(trainer, horizon, reps=3):
     """(update ms per step, policy ms per call): the updates of one chunk's steps and one policy call, blocked."""
     import jax
 
-    from training.data import join_steps
-
     lanes, agents = trainer.lanes, trainer.agents
     update, policy = [], []
+    fuse_steps, agents.fuse_steps = agents.fuse_steps, horizon  # one call for the chunk's steps
     for _ in range(reps + 1):
+        # With the device replay each packed step writes the newest transition again: the same storage.
         pending = [[lane.sampler.sample(trainer.run.utd_ratio) for lane in lanes] for _ in range(horizon)]
         t = time.perf_counter()
-        if agents.replay is None:
-            agents.batch_update(join_steps(pending))
-        else:  # packed steps (their transition is the newest one again: the same storage)
-            agents._replay_steps(pending)
-        jax.block_until_ready(agents._info)
+        for batches in pending:
+            agents.queue_updates(batches)
+        jax.block_until_ready(agents.agents)
         update.append((time.perf_counter() - t) / horizon)
         actors = [lane.actor for lane in lanes]
         observations = np.stack([actor.observation for actor in actors])
@@ -121,6 +119,7 @@ def alone_ms(trainer, horizon, reps=3):
         t = time.perf_counter()
         agents.sample_chunks(observations, key_seeds, np.zeros(len(actors), dtype=np.int32))  # one policy call
         policy.append(time.perf_counter() - t)
+    agents.fuse_steps = fuse_steps
     return 1e3 * min(update[1:]), 1e3 * min(policy[1:])
 
 
@@ -170,7 +169,7 @@ def run(agent_name='QC', size='small', seeds=1, fused=True, steps=500, warmup_ch
         jax.block_until_ready(agents.agents)
         wall = time.perf_counter() - timer.first_time
         parts, calls = dict(timer.seconds), dict(timer.calls)
-        updates_before = timer.updates_at_start
+        update_calls = agents.updates - timer.updates_at_start  # before `alone_ms` adds its own
         update_ms, policy_ms = alone_ms(trainer, horizon)
     out = dict(agent=agent_name, size=size, seeds=seeds, schedule='fused' if fused else 'per step', steps=steps,
                sampling='device' if agents.replay is not None else 'host', horizon=horizon,
@@ -182,7 +181,7 @@ def run(agent_name='QC', size='small', seeds=1, fused=True, steps=500, warmup_ch
         out[f'{part}_ms'] = 1e3 * parts[part] / steps
     out['other_ms'] = out['step_ms'] - sum(out[f'{part}_ms'] for part in STEP_PARTS)
     out['policy_calls'] = calls['policy']
-    out['update_calls'] = agents.updates - updates_before
+    out['update_calls'] = update_calls
     out['update_alone_ms'], out['policy_alone_ms'] = update_ms, policy_ms
     env_ms = out['env_ms']
     if fused:

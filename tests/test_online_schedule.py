@@ -123,7 +123,7 @@ def test_steady_online_steps_move_only_indices_and_wait_only_for_actions(cube_di
     steps_per_call = 3 if fused else 1
     assert len(samples) == 10 and len(updates) == 30 // steps_per_call
     # The loop runs the two compiled calls and no eager JAX op (keys, stacking and bookkeeping are NumPy).
-    assert set(compiled.names) == {'_plain_replay_steps', '_sample_chunk'}, compiled.names
+    assert set(compiled.names) == {'replay_steps', '_sample_chunk'}, compiled.names
     # Moved: the buffers once (the first update), then per chunk the policy's inputs and its packed steps, a few
     # kilobytes where the host batches of 3 steps would be (the observations, actions, next observations of 8 chunks).
     obs_dim = trainer.lanes[0].dataset['observations'].shape[-1]

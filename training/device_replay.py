@@ -20,7 +20,6 @@ shards (a changing dataset) keep the host sampler (`usable`).
 """
 
 import dataclasses
-from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -146,11 +145,6 @@ def replay_steps(agent, storage, data, packed, layout):
 
     (agent, storage), infos = jax.lax.scan(step, (agent, storage), packed)
     return agent, storage, jax.tree_util.tree_map(lambda x: x[-1], infos)
-
-
-@partial(jax.jit, static_argnames='layout', donate_argnums=1)
-def _plain_replay_steps(agent, storage, data, packed, layout):
-    return replay_steps(agent, storage, data, packed, layout)
 
 
 def data_arrays(dataset):

@@ -24,7 +24,7 @@ import numpy as np
 from evaluation import episode_chunks
 from evaluation import sample_episode_chunks as _plain_sample_episode_chunks
 from training.data import join_steps
-from training.device_replay import _plain_replay_steps, replay_steps, to_device
+from training.device_replay import replay_steps, to_device
 
 
 def _stack(trees):
@@ -47,6 +47,10 @@ def _group_update(agents, batch, seeds_per_vmap):
 @partial(jax.jit, static_argnames='seeds_per_vmap')
 def _group_batch_update(agents, batch, seeds_per_vmap):
     return _over_seeds(lambda agent, b: agent.batch_update(b), seeds_per_vmap, agents, batch)
+
+
+# The replay storage is donated: each call writes its steps' transitions in place.
+_plain_replay_steps = partial(jax.jit, static_argnames='layout', donate_argnums=1)(replay_steps)
 
 
 @partial(jax.jit, static_argnames=('layout', 'seeds_per_vmap'), donate_argnums=1)
@@ -144,6 +148,10 @@ class SeedGroup:
             self._agents, info = getattr(self._agents, method)(batches[0])
         else:
             self._agents, info = grouped(self._agents, _stack(batches), seeds_per_vmap=self._width)
+        return self._ran(info)
+
+    def _ran(self, info):
+        """Keeps the device info of the update call that just ran, and counts the call."""
         self._info, self._host_info = info, None
         self.updates += 1
         return info
@@ -192,12 +200,11 @@ class SeedGroup:
                 self._agents, replay.storage, replay.data, to_device(packed[0]), layout=replay.layout
             )
         else:
-            packed = to_device(packed)
             self._agents, replay.storage, info = _group_replay_steps(
-                self._agents, replay.storage, replay.data, packed, layout=replay.layout, seeds_per_vmap=self._width
-            )
-        self._info, self._host_info = info, None
-        self.updates += 1
+                self._agents, replay.storage, replay.data, to_device(packed), layout=replay.layout,
+                seeds_per_vmap=self._width,
+            )  # fmt: skip
+        self._ran(info)
 
     def infos(self):
         """Python-float info dicts, one per seed, of the last update (queued ones run first; one device-to-host
