@@ -1,9 +1,28 @@
-"""Agent registry: `agents[config['agent_name']]` is the class a driver builds."""
+"""Agent registry: `agents[config['agent_name']]` is the class a driver builds.
 
-from agents.acfql import ACFQLAgent
-from agents.acrlpd import ACRLPDAgent
+Each class is imported when first looked up, so a run imports only its own agent (ACRLPD's distributions pull in
+TensorFlow Probability, about half a second of every ACFQL run's start otherwise).
+"""
 
-agents = dict(
-    acfql=ACFQLAgent,
-    acrlpd=ACRLPDAgent,
+import importlib
+from collections.abc import Mapping
+
+_CLASSES = dict(
+    acfql=('agents.acfql', 'ACFQLAgent'),
+    acrlpd=('agents.acrlpd', 'ACRLPDAgent'),
 )
+
+
+class _Registry(Mapping):
+    def __getitem__(self, name):
+        module, cls = _CLASSES[name]
+        return getattr(importlib.import_module(module), cls)
+
+    def __iter__(self):
+        return iter(_CLASSES)
+
+    def __len__(self):
+        return len(_CLASSES)
+
+
+agents = _Registry()

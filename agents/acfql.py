@@ -13,11 +13,10 @@ import flax
 import jax
 import jax.numpy as jnp
 import ml_collections
-import optax
 
 from utils.config_rules import boolean, fraction, non_negative, one_of, optional, positive, widths
 from utils.encoders import encoder_modules
-from utils.flax_utils import ModuleDict, TrainState, nonpytree_field, scan_updates, target_update
+from utils.flax_utils import ModuleDict, TrainState, adam, nonpytree_field, scan_updates, target_update
 from utils.networks import ActorVectorField, Value, aggregate_q, batched_examples
 
 ACTOR_TYPES = ('distill-ddpg', 'best-of-n')
@@ -229,10 +228,7 @@ class ACFQLAgent(flax.struct.PyTreeNode):
         networks = {k: v[0] for k, v in network_info.items()}
         network_args = {k: v[1] for k, v in network_info.items()}
         network_def = ModuleDict(networks)
-        if config['weight_decay'] > 0:
-            network_tx = optax.adamw(learning_rate=config['lr'], weight_decay=config['weight_decay'])
-        else:
-            network_tx = optax.adam(learning_rate=config['lr'])
+        network_tx = adam(config['lr'], config['weight_decay'])
         network_params = network_def.init(init_rng, **network_args)['params']
         network_params['modules_target_critic'] = network_params['modules_critic']
         network = TrainState.create(network_def, network_params, tx=network_tx)

@@ -9,12 +9,11 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
-import optax
 
 from rlpd_distributions import TanhNormal
 from rlpd_networks import MLP, Ensemble, StateActionValue
 from utils.config_rules import boolean, fraction, non_negative, number, one_of, optional, positive, widths
-from utils.flax_utils import ModuleDict, TrainState, nonpytree_field, scan_updates, target_update
+from utils.flax_utils import ModuleDict, TrainState, adam, nonpytree_field, scan_updates, target_update
 from utils.networks import aggregate_q, batched_examples
 
 # Dataset chunks are pulled this far inside (-1, 1) before the BC log-prob, where atanh is finite.
@@ -197,7 +196,7 @@ class ACRLPDAgent(flax.struct.PyTreeNode):
             temp=(),
         )['params']
         params['modules_target_critic'] = params['modules_critic']
-        network = TrainState.create(network_def, params, tx=optax.adam(learning_rate=config['lr']))
+        network = TrainState.create(network_def, params, tx=adam(config['lr']))
 
         config['action_dim'] = action_dim
         config['ob_dims'] = tuple(ex_observations.shape[1:])

@@ -131,10 +131,11 @@ def _data_key(args):
     return digest.hexdigest()[:16]
 
 
-def generate_cube_single(out_dir, num_episodes=3, episode_length=61):
-    """Writes a tiny cube-single play dataset (and its val split) made by the project's OGBench generator into
-    `out_dir` (generated on the first call for these arguments and generator, then copied from `DATA_CACHE`)."""
-    args = ['--env_name=cube-single-play-v0', f'--num_episodes={num_episodes}', '--num_val_episodes=1',
+def generate_ogbench(out_dir, env_name='cube-single-play-v0', num_episodes=3, episode_length=61, env=None):
+    """Writes a tiny OGBench play dataset (and its val split of one episode) made by the project's generator into
+    `out_dir` (generated on the first call for these arguments and generator, then copied from `DATA_CACHE`).
+    `env`: extra environment variables of the generator (a visual task's renderer)."""
+    args = [f'--env_name={env_name}', f'--num_episodes={num_episodes}', '--num_val_episodes=1',
             f'--episode_length={episode_length}', '--seed=0',
             '--workers=1']  # a few short episodes: starting worker processes would take longer than collecting them
     cached = os.path.join(DATA_CACHE, _data_key(args))
@@ -142,13 +143,18 @@ def generate_cube_single(out_dir, num_episodes=3, episode_length=61):
         os.makedirs(DATA_CACHE, exist_ok=True)
         made = tempfile.mkdtemp(dir=DATA_CACHE, prefix='making-')
         cmd = [sys.executable, '-m', 'envs.generate_ogbench', f'--save_dir={made}', *args]
-        subprocess.run(cmd, cwd=ROOT, env=subprocess_env(), check=True, capture_output=True)
+        subprocess.run(cmd, cwd=ROOT, env=dict(subprocess_env(), **(env or {})), check=True, capture_output=True)
         try:
             os.rename(made, cached)  # atomic: a concurrent test process sees all of it or nothing
         except OSError:  # another process made it first
             shutil.rmtree(made, ignore_errors=True)
     shutil.copytree(cached, out_dir, dirs_exist_ok=True)
     return str(out_dir)
+
+
+def generate_cube_single(out_dir, num_episodes=3, episode_length=61):
+    """A tiny cube-single play dataset in `out_dir` (see `generate_ogbench`)."""
+    return generate_ogbench(out_dir, num_episodes=num_episodes, episode_length=episode_length)
 
 
 def run_driver(script, args):

@@ -294,6 +294,7 @@ VISUAL_CHILD = textwrap.dedent("""
 
 
 @pytest.mark.skipif(ctypes.util.find_library('OSMesa') is None, reason='needs libosmesa6 (OSMesa) to render offscreen')
+@pytest.mark.slow
 def test_visual_dataset_generates_and_loads_with_pixels(tmp_path):
     data_dir, shard_dir, state_dir = tmp_path / 'data', tmp_path / 'shards', tmp_path / 'state'
     # The state-based twin (fast, no rendering) with the same seed: the oracles plan from the simulator state, so the

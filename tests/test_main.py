@@ -12,7 +12,7 @@ import jax
 import ml_collections
 import numpy as np
 import pytest
-from helpers import ROOT, only_run_dir, read_csv, run_driver, subprocess_env
+from helpers import ROOT, generate_ogbench, only_run_dir, read_csv, run_driver, subprocess_env
 
 from agents import agents
 from utils.flax_utils import restore_agent_with_file
@@ -158,12 +158,8 @@ def test_fused_offline_phase_logs_the_same_rows_as_one_update_per_step(data_dir,
 def test_pixel_run_with_frame_stack_and_augmentation(tmp_path):
     """A visual OGBench run end to end: uint8 frames, impala encoder, stacked frames, random crops, both phases."""
     env = dict(subprocess_env(), MUJOCO_GL='osmesa', PYOPENGL_PLATFORM='osmesa')
-    data_dir = tmp_path / 'data'
-    generate = [
-        sys.executable, '-m', 'envs.generate_ogbench', '--env_name=visual-cube-single-play-v0',
-        f'--save_dir={data_dir}', '--num_episodes=2', '--num_val_episodes=1', '--episode_length=20',
-    ]  # fmt: skip
-    subprocess.run(generate, cwd=ROOT, env=env, check=True, capture_output=True)
+    data_dir = generate_ogbench(tmp_path / 'data', 'visual-cube-single-play-v0', num_episodes=2, episode_length=20,
+                                env=dict(MUJOCO_GL='osmesa', PYOPENGL_PLATFORM='osmesa'))  # fmt: skip
     args = [
         'main.py', '--env_name=visual-cube-single-play-singletask-task1-v0', f'--dataset_dir={data_dir}',
         f'--save_dir={tmp_path}', '--agent.encoder=impala_debug', *TINY[:2], '--agent.batch_size=4',

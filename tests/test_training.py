@@ -48,6 +48,40 @@ def test_fused_blocks_equal_one_update_per_step():
     np.testing.assert_allclose(fused_info['critic/critic_loss'], info['critic/critic_loss'], rtol=1e-4)
 
 
+def _tiny_config(agent_name, **overrides):
+    if agent_name == 'acfql':
+        return tiny_acfql_config(horizon_length=3, **overrides)
+    from agents.acrlpd import get_config
+
+    config = get_config()
+    config.update(dict(dict(horizon_length=3, actor_hidden_dims=(16, 16), value_hidden_dims=(16, 16), batch_size=16),
+                       **overrides))
+    return config
+
+
+@pytest.mark.parametrize('agent_name', ['acfql', 'acrlpd'])
+def test_agents_built_alike_reuse_the_compiled_programs(agent_name):
+    """A second group of the same agent class and config (a notebook's second run, the next in-process test) shares
+    the first one's static parts, so its update traces nothing new; another config traces anew."""
+    from training.seeds import SeedGroup
+
+    dataset = random_dataset(obs_dim=4, action_dim=2, seed=1)
+    ex = dataset['observations'][:1], dataset['actions'][:1]
+    config = _tiny_config(agent_name)
+    batch = dataset.sample_sequence(config.batch_size, 3, 0.99)
+    first = SeedGroup.create(agents[agent_name], (0,), *ex, config)
+    first.update([batch])
+    update = type(first.agents).update
+    traced = update._cache_size()
+    second = SeedGroup.create(agents[agent_name], (1,), *ex, _tiny_config(agent_name))
+    second.update([batch])
+    assert second.agents.network.model_def is first.agents.network.model_def
+    assert second.agents.network.tx is first.agents.network.tx
+    assert update._cache_size() == traced  # served by the first group's program
+    SeedGroup.create(agents[agent_name], (0,), *ex, _tiny_config(agent_name, value_hidden_dims=(8, 8))).update([batch])
+    assert update._cache_size() == traced + 1
+
+
 @pytest.mark.parametrize(
     'step, max_steps, last, intervals, before, expected',
     [

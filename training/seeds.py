@@ -19,12 +19,30 @@ from functools import partial
 import flax
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 
 from evaluation import episode_chunks
 from evaluation import sample_episode_chunks as _plain_sample_episode_chunks
 from training.data import join_steps
 from training.device_replay import replay_steps, to_device
+
+_CREATES = {}  # (agent class, config, vmapped) -> its compiled `create` (see `_compiled_create`).
+
+
+def _compiled_create(agent_class, config, vmapped):
+    """`agent_class.create(seed, ex_observations, ex_actions, config)` as one compiled call (op by op, creation
+    dispatches hundreds of small ops: seconds on a GPU), vmapped over a leading seed axis when `vmapped`. The seed
+    and the examples are arguments, so one program serves every seed, and one function per agent class and config
+    value lets groups built alike in one process reuse it (a persistent cache serves it to the next process)."""
+    key = (agent_class, ml_collections.FrozenConfigDict(config), vmapped)
+    if key not in _CREATES:
+
+        def create(seed, ex_observations, ex_actions):
+            return agent_class.create(seed, ex_observations, ex_actions, config)
+
+        _CREATES[key] = jax.jit(jax.vmap(create, in_axes=(0, None, None)) if vmapped else create)
+    return _CREATES[key]
 
 
 def _stack(trees):
@@ -117,14 +135,10 @@ class SeedGroup:
             raise ValueError(f'seeds_per_vmap must be >= 0, got {seeds_per_vmap}')
         seeds_per_vmap = seeds_per_vmap or default_seeds_per_vmap(len(seeds))
 
-        # One compiled initialization (op by op, creation dispatches hundreds of small ops: seconds on a GPU); the
-        # seed is an argument, so the program is the same for every seed and a persistent cache serves it again.
-        def create(seed):
-            return agent_class.create(seed, ex_observations, ex_actions, config)
-
+        create = _compiled_create(agent_class, config, vmapped=len(seeds) > 1)
         if len(seeds) == 1:
-            return cls(jax.jit(create)(np.int32(seeds[0])), seeds)
-        agents = jax.jit(jax.vmap(create))(np.asarray(seeds, dtype=np.int32))
+            return cls(create(np.int32(seeds[0]), ex_observations, ex_actions), seeds)
+        agents = create(np.asarray(seeds, dtype=np.int32), ex_observations, ex_actions)
         return cls(agents, seeds, seeds_per_vmap=seeds_per_vmap)
 
     @property

@@ -17,6 +17,30 @@ from utils.io_utils import atomic_write_bytes
 
 nonpytree_field = functools.partial(flax.struct.field, pytree_node=False)
 
+# The static parts of a train state (module definition, optimizer) are part of every compiled call's cache key, and
+# JAX compares them by identity (a bound `apply` method, optax's closures). Agents built alike in one process (a
+# notebook, the test suite, evaluation copies) share one definition and one optimizer object, so their calls reuse the
+# programs already traced and compiled instead of tracing, lowering and loading them again.
+_DEFINITIONS = []  # Every module definition a train state was created with in this process (distinct by value).
+
+
+def shared_definition(model_def):
+    """The first module definition created in this process that equals `model_def` (Flax modules compare by their
+    fields), else `model_def` itself, kept for the next one."""
+    for seen in _DEFINITIONS:
+        if type(seen) is type(model_def) and seen == model_def:
+            return seen
+    _DEFINITIONS.append(model_def)
+    return model_def
+
+
+@functools.cache
+def adam(learning_rate, weight_decay=0.0):
+    """Adam (AdamW where `weight_decay` > 0), one optax object per hyperparameters (see `shared_definition`)."""
+    if weight_decay > 0:
+        return optax.adamw(learning_rate=learning_rate, weight_decay=weight_decay)
+    return optax.adam(learning_rate=learning_rate)
+
 
 class ModuleDict(nn.Module):
     """Holds several named modules under one set of params.
@@ -64,6 +88,7 @@ class TrainState(flax.struct.PyTreeNode):
     @classmethod
     def create(cls, model_def, params, tx=None, **kwargs):
         """Builds a state for `model_def` with `params` and optimizer `tx` (None for a frozen module)."""
+        model_def = shared_definition(model_def)
         opt_state = tx.init(params) if tx is not None else None
         return cls(
             step=1, apply_fn=model_def.apply, model_def=model_def, params=params, tx=tx, opt_state=opt_state, **kwargs
