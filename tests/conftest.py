@@ -4,7 +4,10 @@ Most of the suite's time is compiling small agents, often the same program again
 subprocess compiles its agent anew, and every run of the suite compiles the same programs). A cache keyed by the
 compiled program serves repeats from disk; results are those of the same compiled code, so nothing a test compares
 changes. It lives in `~/.cache/qc-jax/test-xla` (or $JAX_COMPILATION_CACHE_DIR) and is bounded: a cache grown
-past `CACHE_BYTES` is emptied when the suite starts (JAX's own size limit needs the `filelock` package).
+past `CACHE_BYTES` is emptied when the suite starts (JAX's own size limit needs the `filelock` package). The
+programs are compiled at XLA's backend optimisation level 0 (below), and agents built alike in one test process
+share their compiled programs (`utils.flax_utils.shared_definition`), so an in-process run after the first traces
+nothing again.
 """
 
 import os
