@@ -19,7 +19,7 @@ import shutil
 if '--xla_backend_optimization_level' not in os.environ.get('XLA_FLAGS', ''):
     os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') + ' --xla_backend_optimization_level=0').strip()
 
-import jax  # noqa: E402
+import jax
 import pytest
 from helpers import generate_cube_single
 

@@ -122,12 +122,14 @@ DATA_CACHE = os.path.join(os.path.expanduser('~'), '.cache', 'qc-jax', 'test-dat
 
 
 def _data_key(args):
-    """The cache key of a generated dataset: the arguments, the generator's source and the simulator versions."""
+    """The cache key of a generated dataset: the arguments, the source of `envs/` (the generator and the environments
+    and renderer it builds) and the simulator versions."""
     from importlib.metadata import version
 
     digest = hashlib.sha256(repr((args, version('ogbench'), version('mujoco'), np.__version__)).encode())
-    with open(os.path.join(ROOT, 'envs', 'generate_ogbench.py'), 'rb') as f:
-        digest.update(f.read())
+    for path in sorted(glob.glob(os.path.join(ROOT, 'envs', '*.py'))):
+        with open(path, 'rb') as f:
+            digest.update(f.read())
     return digest.hexdigest()[:16]
 
 

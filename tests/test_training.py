@@ -59,6 +59,27 @@ def _tiny_config(agent_name, **overrides):
     return config
 
 
+def test_train_states_share_equal_definitions_and_never_ones_with_array_fields():
+    import flax.linen as nn
+
+    from utils.flax_utils import TrainState, adam
+
+    class Scaled(nn.Module):
+        scale: np.ndarray  # compares element-wise: no single truth value
+
+        @nn.compact
+        def __call__(self, x):
+            return nn.Dense(2)(x) * self.scale
+
+    x = np.ones((1, 3), np.float32)
+    states = []
+    for module in (nn.Dense(2), nn.Dense(2), Scaled(np.ones(2)), Scaled(np.ones(2))):
+        states.append(TrainState.create(module, module.init(jax.random.PRNGKey(0), x)['params'], tx=adam(1e-3)))
+    assert states[1].model_def is states[0].model_def and states[1].tx is states[0].tx
+    assert states[3].model_def is not states[2].model_def
+    np.testing.assert_allclose(states[3](x), states[2](x))
+
+
 @pytest.mark.parametrize('agent_name', ['acfql', 'acrlpd'])
 def test_agents_built_alike_reuse_the_compiled_programs(agent_name):
     """A second group of the same agent class and config (a notebook's second run, the next in-process test) shares

@@ -13,7 +13,7 @@ Storage rows: row r < n (the dataset's size) is dataset transition r; row n + j 
 storage (`ReplayBuffer`: its ring; `PrefixReplayBuffer`: its online rows, the prefix being the dataset itself).
 Device memory: the dataset once per process, plus per seed (2 * obs_dim + action_dim) * 4 bytes for every row of its
 replay storage (`--buffer_size` rows in `main_online.py`, `--online_steps` rows in `main.py`; rounded up to a power
-of two, `storage_rows`).
+of two, `padded_rows`).
 
 State observations only: image observations, frame stacking and augmentation (memory, host-side crops) and dataset
 shards (a changing dataset) keep the host sampler (`usable`).
@@ -86,8 +86,8 @@ class RowSampler(ChunkSampler):
         for _, source, count in self.sources:
             logical = source.draw_chunks(num_updates * count, H)  # (U * count, H)
             phys = source._physical(logical)
-            own, storage_rows = source.storage_rows(phys)
-            rows.append(np.where(own, self.data_size + storage_rows, storage_rows).reshape(num_updates, count, H))
+            own, own_rows = source.storage_rows(phys)
+            rows.append(np.where(own, self.data_size + own_rows, own_rows).reshape(num_updates, count, H))
             values = source.chunk_scalars(phys, self.discount)
             scalars.append(np.stack([values[k] for k in SCALARS], axis=-1).reshape(num_updates, count, H, -1))
         rows, scalars = np.concatenate(rows, axis=1), np.concatenate(scalars, axis=1)  # (U, B, H), (U, B, H, 3)
@@ -177,19 +177,19 @@ class DeviceReplay:
 
     def upload(self, stacked):
         """Copies the dataset and the buffers' storage to the device (their state of now: the step being queued).
-        The device storage has `storage_rows` rows, the rows past the buffers' never read."""
+        The device storage has `padded_rows` rows, the rows past the buffers' never read."""
         host = {}
         for k in GATHERED:
             rows = [buffer.storage()[k] for buffer in self.buffers]
             # A new array (the device storage is updated in place), padded to its bucket of rows.
-            padded = np.zeros((len(rows), storage_rows(len(rows[0])), *rows[0].shape[1:]), dtype=np.float32)
+            padded = np.zeros((len(rows), padded_rows(len(rows[0])), *rows[0].shape[1:]), dtype=np.float32)
             for seed_rows, out in zip(rows, padded, strict=True):
                 out[: len(seed_rows)] = seed_rows
             host[k] = padded if stacked else padded[0]
         self.data, self.storage = to_device((data_arrays(self.dataset), host))
 
 
-def storage_rows(rows):
+def padded_rows(rows):
     """Device rows of a replay storage of `rows` rows: the next power of two, at least 1024, so that runs of nearby
     lengths (the rows of `main.py`'s storage are its online steps) run one compiled program, at most 2x the rows."""
     return max(1024, 1 << (int(rows) - 1).bit_length())

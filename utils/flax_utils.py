@@ -28,10 +28,17 @@ def shared_definition(model_def):
     """The first module definition created in this process that equals `model_def` (Flax modules compare by their
     fields), else `model_def` itself, kept for the next one."""
     for seen in _DEFINITIONS:
-        if type(seen) is type(model_def) and seen == model_def:
+        if _same_definition(seen, model_def):
             return seen
     _DEFINITIONS.append(model_def)
     return model_def
+
+
+def _same_definition(a, b):
+    try:
+        return type(a) is type(b) and bool(a == b)
+    except (TypeError, ValueError):  # a field that does not compare to one bool (an array): never shared
+        return False
 
 
 @functools.cache
