@@ -58,7 +58,8 @@ ReturnToService=2
 JobRequeue=1
 KillWait=60
 MinJobAge=600
-SchedulerParameters=defer_batch
+# The scheduler passes every second (Slurm default 60 s): a requeued job starts as soon as its wait is over.
+SchedulerParameters=defer_batch,sched_interval=1
 NodeName=$host NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$mem State=UNKNOWN
 PartitionName=local Nodes=$host Default=YES MaxTime=INFINITE State=UP
 EOF

@@ -10,6 +10,7 @@ share their compiled programs (`utils.flax_utils.shared_definition`), so an in-p
 nothing again.
 """
 
+import gc
 import os
 import shutil
 
@@ -63,3 +64,12 @@ def pytest_collection_modifyitems(config, items):
         return 2 if marker is None else (0 if marker.kwargs.get('longest') else 1)
 
     items.sort(key=rank)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session, exitstatus):
+    """One garbage collection, then everything left is frozen: pytest collects five more times as it unconfigures
+    (to report exceptions raised by finalizers), each a walk over the whole heap of a process that ran hundreds of
+    JAX tests (seconds each), and the controller waits for every worker to exit."""
+    gc.collect()
+    gc.freeze()

@@ -197,6 +197,38 @@ def parse_run(preset, argv):
     return from_flags(flag_values, preset)
 
 
+def refusal_in_process(driver, argv):
+    """(exit code, stderr) of a driver refusing `argv`: its command-line parsing (`training.config.flags_parser`,
+    on fresh flags), then its run config (`from_flags`); None where both accept it. What the driver process does
+    before it loads anything, without the second it spends importing JAX."""
+    import contextlib
+    import io
+    from unittest import mock
+
+    from absl import flags
+
+    import main
+    import main_online
+    from training import flags_parser, from_flags
+    from utils.errors import UserError
+
+    preset = {'main.py': main.PRESET, 'main_online.py': main_online.PRESET}[driver]
+    fresh = flags.FlagValues()
+    argv = [driver, *argv]
+    stderr = io.StringIO()
+    # ml_collections' config flag reads its `--agent.*` overrides from sys.argv, as in the drivers.
+    with mock.patch.object(sys, 'argv', argv), contextlib.redirect_stderr(stderr):
+        try:
+            flags_parser(preset, 'summary', fresh)(argv)
+        except SystemExit as e:
+            return e.code, stderr.getvalue()
+        try:
+            from_flags(fresh, preset)
+        except UserError as e:
+            return e.exit_code, f'{e.prefix}{e}'
+    return None
+
+
 def fake_run(sweep_dir, name, steps, success, offline_steps, online_steps, finished=True, flags=None):
     """A run directory of a sweep as the drivers leave it: eval.csv, flags.json, finished.json when finished."""
     path = os.path.join(sweep_dir, 'runs', name)

@@ -1,23 +1,19 @@
 """The drivers' command line as a newcomer meets it: `--help` lists every setting, every bad setting is refused in
 one line before anything is loaded, and a paper task run with other settings than the paper's says so."""
 
-import contextlib
 import dataclasses
 import glob
-import io
 import os
 import subprocess
 import sys
-from unittest import mock
 
 import pytest
-from absl import flags
-from helpers import ROOT, run_driver, subprocess_env
+from helpers import ROOT, refusal_in_process, run_driver, subprocess_env
 
 import main
 import main_online
 from agents import acfql, acrlpd
-from training import RunConfig, flags_parser, from_flags, paper_settings
+from training import RunConfig, paper_settings
 from training.config import SETTING_GROUPS, agent_key_comments, help_text
 from utils.errors import UserError
 
@@ -73,26 +69,6 @@ REFUSALS = [
 IDS = ['key', 'key-online', 'file', 'batch', 'width', 'flow-steps', 'actor-type', 'tau', 'type', 'task', 'flag']
 
 
-def refusal_in_process(driver, argv):
-    """(exit code, stderr) of a driver refusing `argv`: its command-line parsing (`training.config.flags_parser`,
-    on fresh flags), then its run config (`from_flags`); None where both accept it."""
-    preset = {'main.py': main.PRESET, 'main_online.py': main_online.PRESET}[driver]
-    fresh = flags.FlagValues()
-    argv = [driver, *argv]
-    stderr = io.StringIO()
-    # ml_collections' config flag reads its `--agent.*` overrides from sys.argv, as in the drivers.
-    with mock.patch.object(sys, 'argv', argv), contextlib.redirect_stderr(stderr):
-        try:
-            flags_parser(preset, 'summary', fresh)(argv)
-        except SystemExit as e:
-            return e.code, stderr.getvalue()
-        try:
-            from_flags(fresh, preset)
-        except UserError as e:
-            return e.exit_code, f'{e.prefix}{e}'
-    return None
-
-
 @pytest.mark.parametrize('driver, args, message', REFUSALS, ids=IDS)
 def test_bad_settings_are_refused_in_one_line_before_loading(tmp_path, driver, args, message):
     empty = tmp_path / 'no_data'  # a dataset folder without the data: a refusal here comes before any loading
@@ -134,11 +110,16 @@ def test_a_paper_task_with_other_settings_says_so():
 
 
 def test_the_note_is_printed_and_the_run_goes_on(tmp_path):
-    proc = run_driver('main.py', ['--env_name=cube-double-play-singletask-task1-v0', f'--dataset_dir={tmp_path}'])
+    proc = run_driver('main.py', ['--env_name=cube-double-play-singletask-task1-v0', f'--dataset_dir={tmp_path}',
+                                  f'--save_dir={tmp_path}'])  # fmt: skip
     # It trains on: here it goes on to look for the data, which is missing.
     assert proc.stdout.splitlines()[0] == ('note: the paper runs QC-FQL on cube-double with --agent.alpha=300.0 '
                                            '(this run: 100.0); training on')  # fmt: skip
-    assert proc.returncode == 2 and 'OGBench dataset not found' in proc.stderr
+    # Found while loading: one line that says how to generate the data, and no run directory.
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and 'Traceback' not in proc.stderr, proc.stderr[-2000:]
+    assert lines[-1].startswith('error: OGBench dataset not found') and 'generate_ogbench' in lines[-1]
+    assert not glob.glob(os.path.join(tmp_path, '*', '*'))
 
 
 def test_agent_rules_apply_to_registered_agents_and_leave_others_to_their_classes():

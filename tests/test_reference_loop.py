@@ -8,7 +8,10 @@ same scripted actions on the same environment. Both must fill the same replay bu
 batches for the same sampled chunk starts, through episode ends by success and by time limit.
 """
 
+import functools
+
 import gymnasium
+import jax
 import numpy as np
 import pytest
 from helpers import parse_run
@@ -152,6 +155,19 @@ def reference_loop(env, dataset, prefix, online_steps, random_steps, start_train
     return {k: np.stack(v) for k, v in replay.items()}, batches
 
 
+@functools.cache
+def gather_step(layout):
+    """One packed step as the device replay applies it (its transition stored, then its batch gathered), compiled
+    (op by op, every gather would be dozens of dispatches)."""
+
+    def step(data, storage, packed):
+        row, transition, rows, scalars = device_replay._unpack(packed, layout)
+        storage = {k: storage[k].at[row].set(transition[k]) for k in storage}
+        return storage, device_replay.gather(data, storage, rows, scalars)
+
+    return jax.jit(step)
+
+
 @pytest.mark.parametrize(
     'preset, extra',
     [
@@ -169,7 +185,7 @@ def test_the_online_data_path_is_the_reference_loops(cube_dir, tmp_path, monkeyp
         f'--env_name={ENV_NAME}', f'--dataset_dir={cube_dir}', f'--save_dir={tmp_path}', '--exp_name=run',
         '--agent.actor_hidden_dims=(8,)', '--agent.value_hidden_dims=(8,)', '--agent.batch_size=8',
         f'--horizon_length={HORIZON}', f'--online_steps={online_steps}', '--eval_interval=0', '--eval_episodes=1',
-        '--eval_envs=1', '--log_interval=1000', *extra,
+        '--eval_envs=1', '--log_interval=1000', '--buffer_size=1000', *extra,
     ]  # fmt: skip
     run = parse_run(preset, argv)
     draws, batches = [], []
@@ -196,17 +212,17 @@ def test_the_online_data_path_is_the_reference_loops(cube_dir, tmp_path, monkeyp
 
     def batch_update(self, seed_batches):
         (batch,) = seed_batches  # (T * U, B, ...): the updates of T steps, in order
-        batches.extend({k: np.asarray(v[u]) for k, v in batch.items()} for u in range(len(batch['observations'])))
+        batch = jax.device_get(batch)
+        batches.extend({k: v[u] for k, v in batch.items()} for u in range(len(batch['observations'])))
         return real_batch_update(self, seed_batches)
 
     def replay_steps(self, steps):
         # The batches gathered on the device (`--device_replay`), step by step as the compiled call gathers them.
         replay, storage = self.replay, self.replay.storage
         for (packed,) in steps:
-            row, transition, rows, scalars = device_replay._unpack(packed, replay.layout)
-            storage = {k: storage[k].at[row].set(transition[k]) for k in storage}
-            batch = device_replay.gather(replay.data, storage, rows, scalars)
-            batches.extend({k: np.asarray(v[u]) for k, v in batch.items()} for u in range(len(rows)))
+            storage, batch = gather_step(replay.layout)(replay.data, storage, packed)
+            batch = jax.device_get(batch)  # one fetch, then NumPy slices
+            batches.extend({k: v[u] for k, v in batch.items()} for u in range(replay.layout.updates))
         return real_replay_steps(self, steps)
 
     monkeypatch.setattr(Lane, 'start_online', start_online)

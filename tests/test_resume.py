@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 import pytest
-from helpers import ROOT, read_csv, run_driver, subprocess_env
+from helpers import ROOT, read_csv, refusal_in_process, run_driver, subprocess_env
 
 from utils.checkpoints import read_checkpoint_file
 
@@ -154,15 +154,21 @@ def test_a_non_finite_loss_stops_the_run_with_a_clear_message(data_dir, tmp_path
     'extra, message',
     [
         (['--resume'], '--resume needs --exp_name'),
-        (['--save_dir=/proc/qc'], 'choose another --save_dir'),
         (['--max_runtime=-1'], '--max_runtime must be >= 0'),
     ],
 )
 def test_refusals(data_dir, tmp_path, extra, message):
+    # Settings refused before anything is loaded, in this process (as test_cli.py does).
     args = [f'--dataset_dir={data_dir}', f'--save_dir={tmp_path}', *TINY, '--offline_steps=1', '--online_steps=0']
-    proc = run_driver('main.py', args + extra)
+    code, stderr = refusal_in_process('main.py', args + extra)
+    assert code == 2 and message in stderr.strip().splitlines()[-1]
+
+
+def test_a_save_dir_that_cannot_be_written_is_refused(data_dir):
+    args = [f'--dataset_dir={data_dir}', '--save_dir=/proc/qc', *TINY, '--offline_steps=1', '--online_steps=0']
+    proc = run_driver('main.py', args)
     assert proc.returncode == 2
-    assert message in proc.stderr.strip().splitlines()[-1]
+    assert 'choose another --save_dir' in proc.stderr.strip().splitlines()[-1]
 
 
 def test_an_existing_run_is_not_overwritten_without_resume(data_dir, tmp_path):

@@ -4,6 +4,7 @@ checkpoint formats, the documented `sample_sequence` batch, the run-directory co
 import ast
 import dataclasses
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -60,9 +61,9 @@ def test_a_restart_without_checkpoint_leaves_the_logs_of_one_uninterrupted_run(c
     trainer_for(cube_dir, tmp_path, seed_flag, '--exp_name=whole').train()
     whole = [log_rows(tmp_path / 'Debug' / f'whole{s}') for s in suffixes]
     assert whole[0]['offline_agent'] and whole[0]['online_agent'] and whole[0]['eval']
-    # A run killed before its first checkpoint leaves rows behind (here: a whole run's, and an `env` row).
-    trainer_for(cube_dir, tmp_path, seed_flag, '--exp_name=cut').train()
+    # A run killed before its first checkpoint leaves rows behind (here: a copy of the whole run's, and an `env` row).
     for s in suffixes:
+        shutil.copytree(tmp_path / 'Debug' / f'whole{s}', tmp_path / 'Debug' / f'cut{s}')
         path = run_files.csv_path(tmp_path / 'Debug' / f'cut{s}', run_files.ENV_LOG)
         assert not os.path.exists(path)  # no episode ends in 4 online steps
         with open(path, 'w') as f:
@@ -185,6 +186,10 @@ def _cut_at_step_2(cube_dir, save_dir, name):
 def test_checkpoints_of_the_earlier_layout_resume_and_newer_ones_are_refused(cube_dir, tmp_path, capsys):
     manager, state = _cut_at_step_2(cube_dir, tmp_path, 'old')
     assert state['format'] == checkpointing.CHECKPOINT_FORMAT and state['phase'] == 'offline'
+    # The same run as 'new', its checkpoint written by a newer version.
+    shutil.copytree(tmp_path / 'Debug' / 'old', tmp_path / 'Debug' / 'new')
+    newer = CheckpointManager(os.path.join(tmp_path, 'Debug', 'new', run_files.CHECKPOINT_DIR))
+    newer.save(dict(state, format=checkpointing.CHECKPOINT_FORMAT + 1), 2)
     del state['format']  # as the trainer wrote them before the format was versioned
     manager.save(state, 2)
     resumed = trainer_for(cube_dir, tmp_path, '--exp_name=old', '--online_steps=0', '--resume')
@@ -193,8 +198,6 @@ def test_checkpoints_of_the_earlier_layout_resume_and_newer_ones_are_refused(cub
     rows = read_csv(run_files.csv_path(tmp_path / 'Debug' / 'old', run_files.agent_log('offline')))
     assert [r['step'] for r in rows] == ['2', '4'] and resumed.log_step == 4
 
-    manager, state = _cut_at_step_2(cube_dir, tmp_path, 'new')
-    manager.save(dict(state, format=checkpointing.CHECKPOINT_FORMAT + 1), 2)
     with pytest.raises(CheckpointError, match='newer than this code reads'):
         trainer_for(cube_dir, tmp_path, '--exp_name=new', '--online_steps=0', '--resume')
 

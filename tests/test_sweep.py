@@ -261,17 +261,18 @@ def check_finished_sweep(sweep_dir, seeds=2):
 
 @pytest.mark.slow(longest=True)
 def test_local_sweep_runs_skips_finished_runs_and_tabulates(data_dir, tmp_path):
-    path = write_spec(tmp_path / 'spec.json', data_dir)
+    # One seed per method (tables of several seeds: test_table_and_plots_from_run_directories).
+    path = write_spec(tmp_path / 'spec.json', data_dir, seeds=[0])
     sweep_dir = str(tmp_path / 'sweep')
-    # Two (pretend) GPUs, two processes each: on a CPU the drivers run as usual, each told its one GPU.
+    # Two (pretend) GPUs, up to two processes each: on a CPU the drivers run as usual, each told its one GPU.
     proc = sweep('launch', path, sweep_dir, '--executor=local', '--devices=0,1', '--runs_per_device=2')
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    check_finished_sweep(sweep_dir)
+    check_finished_sweep(sweep_dir, seeds=1)
     for out in glob.glob(os.path.join(sweep_dir, jobs.JOBS_DIR, '*.out')):
         banners = [line for line in open(out) if line.startswith('=== ')]
         assert len(banners) == 1 and re.search(r' CUDA_VISIBLE_DEVICES=[01]$', banners[0].strip()), banners
     again = sweep('launch', path, sweep_dir, '--executor=local')
-    assert again.returncode == 0 and '4 finished, 0 queued or running, 0 to start' in again.stdout, again.stdout
+    assert again.returncode == 0 and '2 finished, 0 queued or running, 0 to start' in again.stdout, again.stdout
 
 
 def _slurm(*args, env):
@@ -295,7 +296,7 @@ def slurm_cluster(tmp_path):
     """A single-node SLURM cluster on this machine; the test fails (never skips) when SLURM cannot run."""
     script = os.path.join(ROOT, 'scripts', 'slurm_local.sh')
     state = tmp_path / 'slurm'
-    env = dict(subprocess_env(), SLURM_CRED_EXPIRE='10')
+    env = dict(subprocess_env(), SLURM_CRED_EXPIRE='5')
     installed = subprocess.run(['bash', script, 'install'], env=env, capture_output=True, text=True)
     assert installed.returncode == 0, f'SLURM is not installed: {installed.stderr.strip()}'
     started = subprocess.run(['bash', script, 'start', str(state)], env=env, capture_output=True, text=True)
@@ -312,7 +313,7 @@ def slurm_cluster(tmp_path):
 def test_slurm_sweep_survives_a_preemption(data_dir, tmp_path, slurm_cluster):
     env = slurm_cluster
     # The QC run is long enough (in steps) to be preempted after its first checkpoint; one seed of each method (one
-    # job per driver; the local sweep test runs several seeds).
+    # job per driver).
     path = write_spec(tmp_path / 'spec.json', data_dir, driver_flags={'main.py': dict(MAIN_FLAGS, offline_steps=300)},
                       seeds=[0])  # fmt: skip
     sweep_dir = str(tmp_path / 'sweep')
@@ -336,7 +337,7 @@ def test_slurm_sweep_survives_a_preemption(data_dir, tmp_path, slurm_cluster):
         return 'Restarts=1' in out or 'Restarts=2' in out
 
     _wait(restarted, 60, f'job {job} to be requeued')
-    _wait(lambda: all(report.is_finished(sweep_dir, r.name) for r in runs), 420, 'every run to finish', poll=3)
+    _wait(lambda: all(report.is_finished(sweep_dir, r.name) for r in runs), 420, 'every run to finish')
 
     lines = check_finished_sweep(sweep_dir, seeds=1)
     assert all(' finished ' in line for line in lines[1:-1])
