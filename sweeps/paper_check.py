@@ -59,7 +59,7 @@ PAPER = Scale(
 TINY = Scale(
     data_episodes=3, episode_length=60, gen_steps_per_core_s=400.0, max_seeds={'QC-FQL': 2, 'QC': 1},
     rates={'QC-FQL': {1: 100.0, 8: 400.0}, 'QC': {1: 50.0, 8: 200.0}}, startup_s=20.0, eval_s=2.0, min_steps=200,
-    eval_episodes=2,
+    eval_episodes=1,
     flags={'agent.actor_hidden_dims': [16, 16], 'agent.value_hidden_dims': [16, 16], 'agent.batch_size': 8,
            'agent.flow_steps': 2, 'agent.actor_num_samples': 2, 'log_interval': 100},
     rates_source='rough CPU rates of the tiny networks',

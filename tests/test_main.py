@@ -12,9 +12,20 @@ import jax
 import ml_collections
 import numpy as np
 import pytest
-from helpers import ROOT, generate_ogbench, only_run_dir, read_csv, refusal_in_process, run_driver, subprocess_env
+from helpers import (
+    ROOT,
+    generate_ogbench,
+    only_run_dir,
+    parse_run,
+    read_csv,
+    refusal_in_process,
+    run_driver,
+    subprocess_env,
+)
 
+import main
 from agents import agents
+from training import Trainer
 from utils.flax_utils import restore_agent_with_file
 
 ENV_NAME = 'cube-single-play-singletask-task2-v0'
@@ -132,20 +143,16 @@ def test_bad_inputs_are_refused_in_one_line_before_loading(data_dir, tmp_path, a
     assert not glob.glob(os.path.join(tmp_path, '*', '*'))
 
 
-def test_fused_offline_phase_logs_the_same_rows_as_one_update_per_step(data_dir, tmp_path):
+def test_fused_offline_phase_logs_the_same_rows_as_one_update_per_step(data_dir, tmp_path, monkeypatch):
+    # In this process (the driver's flags, parsed as it parses them, through its `Trainer`).
+    monkeypatch.setenv('WANDB_MODE', 'disabled')
     rows = {}
     for fused in (1, 5):
         save_dir = tmp_path / f'fused{fused}'
-        proc = run_main(
-            data_dir,
-            save_dir,
-            '--offline_steps=12',
-            '--online_steps=0',
-            '--log_interval=4',
-            '--eval_interval=0',
-            f'--fused_steps={fused}',
-        )
-        assert proc.returncode == 0, proc.stderr[-3000:]
+        argv = [f'--env_name={ENV_NAME}', f'--dataset_dir={data_dir}', f'--save_dir={save_dir}', *TINY,
+                '--offline_steps=12', '--online_steps=0', '--log_interval=4', '--eval_interval=0',
+                f'--fused_steps={fused}']  # fmt: skip
+        Trainer(parse_run(main.PRESET, argv), agents).train()
         rows[fused] = read_csv(os.path.join(only_run_dir(save_dir), 'offline_agent.csv'))
     assert [r['step'] for r in rows[1]] == [r['step'] for r in rows[5]] == ['4', '8', '12']
     for a, b in zip(rows[1], rows[5]):
