@@ -10,9 +10,13 @@ import time
 
 import numpy as np
 import pytest
-from helpers import ROOT, read_csv, refusal_in_process, run_driver, subprocess_env
+from helpers import ROOT, parse_run, read_csv, refusal_in_process, run_driver, subprocess_env
 
+import main
+from agents import agents
+from training import Trainer
 from utils.checkpoints import read_checkpoint_file
+from utils.errors import UsageError
 
 TINY = [
     '--env_name=cube-single-play-singletask-task2-v0',
@@ -37,6 +41,14 @@ def run_dir_of(save_dir, exp_name):
 
 def comparable_rows(path):
     return [{k: v for k, v in row.items() if k not in TIME_COLUMNS} for row in read_csv(path)]
+
+
+def train_in_process(args):
+    """The run `main.py args` makes, through the driver's `Trainer` in this process (the uninterrupted runs the
+    killed ones are compared with; the same compiled programs on the same inputs)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv('WANDB_MODE', 'disabled')
+        Trainer(parse_run(main.PRESET, args), agents).train()
 
 
 def start_driver(args):
@@ -77,8 +89,7 @@ def assert_same_params(a, b):
 
 @pytest.mark.slow
 def test_sigkill_then_resume_reproduces_the_uninterrupted_run(data_dir, tmp_path):
-    reference = run_driver('main.py', args_for(data_dir, tmp_path, 'whole', *OFFLINE))
-    assert reference.returncode == 0, reference.stderr[-3000:]
+    train_in_process(args_for(data_dir, tmp_path, 'whole', *OFFLINE))
 
     proc = start_driver(args_for(data_dir, tmp_path, 'killed', *OFFLINE))
     killed_dir = run_dir_of(tmp_path, 'killed')
@@ -171,20 +182,21 @@ def test_a_save_dir_that_cannot_be_written_is_refused(data_dir):
     assert 'choose another --save_dir' in proc.stderr.strip().splitlines()[-1]
 
 
-def test_an_existing_run_is_not_overwritten_without_resume(data_dir, tmp_path):
+def test_an_existing_run_is_not_overwritten_without_resume(data_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv('WANDB_MODE', 'disabled')
     args = args_for(data_dir, tmp_path, 'taken', '--offline_steps=2', '--online_steps=0', '--save_interval=2',
                     '--eval_interval=0')  # fmt: skip
-    assert run_driver('main.py', args).returncode == 0
-    again = run_driver('main.py', args)
-    assert again.returncode == 2 and 'add --resume' in again.stderr.strip().splitlines()[-1]
+    train_in_process(args)
+    with pytest.raises(UsageError, match='add --resume') as refused:
+        Trainer(parse_run(main.PRESET, args), agents)
+    assert refused.value.exit_code == 2
 
 
 @pytest.mark.slow
 def test_sigkill_then_resume_of_several_seeds_reproduces_the_uninterrupted_run(data_dir, tmp_path):
     # Blocks of 3 updates only (one compile); the evaluations at 12 and 24 leave time to kill it after step 12.
     seeds = ['--seeds=0,1', '--offline_steps=24', '--save_interval=6', '--log_interval=6', '--eval_interval=12']
-    reference = run_driver('main.py', args_for(data_dir, tmp_path, 'whole', *OFFLINE, *seeds))
-    assert reference.returncode == 0, reference.stderr[-3000:]
+    train_in_process(args_for(data_dir, tmp_path, 'whole', *OFFLINE, *seeds))
 
     proc = start_driver(args_for(data_dir, tmp_path, 'killed', *OFFLINE, *seeds))
     killed = [run_dir_of(tmp_path, f'killed_sd{s}') for s in (0, 1)]
