@@ -242,7 +242,7 @@ def test_a_bad_device_list_ends_with_one_line(tmp_path):
 # Tiny sweeps.
 
 
-def check_finished_sweep(sweep_dir, seeds=2):
+def check_finished_sweep(sweep_dir, seeds):
     status = sweep('status', sweep_dir)
     assert status.returncode == 0, status.stderr
     lines = status.stdout.strip().splitlines()
@@ -279,7 +279,7 @@ def _slurm(*args, env):
     return subprocess.run(list(args), env=env, capture_output=True, text=True, timeout=60)
 
 
-def _wait(predicate, timeout, what, poll=1.0):
+def _wait(predicate, timeout, what):
     import time
 
     deadline = time.monotonic() + timeout
@@ -287,7 +287,7 @@ def _wait(predicate, timeout, what, poll=1.0):
         value = predicate()
         if value:
             return value
-        time.sleep(poll)
+        time.sleep(1.0)
     raise AssertionError(f'timed out after {timeout} s waiting for {what}')
 
 
