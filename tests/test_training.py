@@ -103,6 +103,21 @@ def test_agents_built_alike_reuse_the_compiled_programs(agent_name):
     assert update._cache_size() == traced + 1
 
 
+def test_a_kept_create_builds_from_the_config_it_was_kept_for():
+    """The compiled `create` kept for a config value traces again for new example shapes; a caller that changed its
+    config object since must not change what the kept one builds."""
+    from training.seeds import _compiled_create
+
+    config = _tiny_config('acfql')
+    create = _compiled_create(agents['acfql'], config, False)
+    create(np.int32(0), np.zeros((1, 4), np.float32), np.zeros((1, 2), np.float32))
+    config['value_hidden_dims'] = (8, 8)  # the caller's object, after the fact
+    again = _compiled_create(agents['acfql'], _tiny_config('acfql'), False)
+    assert again is create
+    agent = again(np.int32(0), np.zeros((1, 3), np.float32), np.zeros((1, 2), np.float32))  # new shapes: a new trace
+    assert tuple(agent.config['value_hidden_dims']) == tuple(_tiny_config('acfql')['value_hidden_dims'])
+
+
 @pytest.mark.parametrize(
     'step, max_steps, last, intervals, before, expected',
     [

@@ -34,12 +34,14 @@ def _compiled_create(agent_class, config, vmapped):
     """`agent_class.create(seed, ex_observations, ex_actions, config)` as one compiled call (op by op, creation
     dispatches hundreds of small ops: seconds on a GPU), vmapped over a leading seed axis when `vmapped`. The seed
     and the examples are arguments, so one program serves every seed, and one function per agent class and config
-    value lets groups built alike in one process reuse it (a persistent cache serves it to the next process)."""
-    key = (agent_class, ml_collections.FrozenConfigDict(config), vmapped)
+    value lets groups built alike in one process reuse it (a persistent cache serves it to the next process). It
+    builds from its own copy of that value: a new trace (new example shapes) never sees a caller's later changes."""
+    frozen = ml_collections.FrozenConfigDict(config)
+    key = (agent_class, frozen, vmapped)
     if key not in _CREATES:
 
         def create(seed, ex_observations, ex_actions):
-            return agent_class.create(seed, ex_observations, ex_actions, config)
+            return agent_class.create(seed, ex_observations, ex_actions, ml_collections.ConfigDict(frozen))
 
         _CREATES[key] = jax.jit(jax.vmap(create, in_axes=(0, None, None)) if vmapped else create)
     return _CREATES[key]
