@@ -8,9 +8,13 @@ The gym environment drops the dataset type (`cube-double-singletask-task2-v0`); 
 `MUJOCO_GL=osmesa` on CPU), set before MuJoCo is imported.
 """
 
+import contextlib
+import copy
 import glob
+import hashlib
 import os
 import re
+import threading
 
 import numpy as np
 
@@ -107,14 +111,57 @@ def dataset_paths(env_name, dataset_dir=None, with_val=True):
 
 def make_ogbench_env(env_name, **env_kwargs):
     """The gymnasium environment (single-task mode) of an OGBench name, made as `ogbench.make_env_and_datasets` makes
-    it (`gymnasium.make` of the gym id)."""
+    it (`gymnasium.make` of the gym id), from the MuJoCo models compiled for an earlier one of this process where they
+    are the same (`reused_compiled_models`)."""
     import gymnasium
 
     _import_ogbench()
     gym_id, _ = split_name(env_name)
-    if is_visual(env_name):
-        return make_rendering_env(lambda: gymnasium.make(gym_id, **env_kwargs), gym_id)
-    return gymnasium.make(gym_id, **env_kwargs)
+    with reused_compiled_models():
+        if is_visual(env_name):
+            return make_rendering_env(lambda: gymnasium.make(gym_id, **env_kwargs), gym_id)
+        return gymnasium.make(gym_id, **env_kwargs)
+
+
+# MuJoCo models compiled in this process, by their XML and assets (see `reused_compiled_models`); never emptied: a
+# process compiles one or two models per task it makes environments of (a few MB each).
+_COMPILED = {}
+_PATCH = dict(lock=threading.Lock(), depth=0, original=None)
+
+
+def _compile_once(xml, assets=None):
+    """`mujoco.MjModel.from_xml_string`, compiling each (XML, assets) once per process and returning a copy."""
+    key = (xml, tuple(sorted((name, hashlib.sha256(data).digest()) for name, data in (assets or {}).items())))
+    model = _COMPILED.get(key)
+    if model is None:
+        model = _COMPILED.setdefault(key, _PATCH['original'].__func__(xml, assets))
+    return copy.deepcopy(model)  # mj_copyModel: the same model, owned by the one environment that asked
+
+
+@contextlib.contextmanager
+def reused_compiled_models():
+    """Within: `mujoco.MjModel.from_xml_string` compiles an (XML, assets) pair once per process and returns a copy of
+    that model for the same pair again.
+
+    Why: every OGBench environment compiles its scene and its arm's inverse-kinematics model from XML (about 0.4 and
+    0.3 s on a CPU, most of making one), and a run makes the same ones again for its evaluation copies and its other
+    seeds. MuJoCo's compiler is deterministic and `copy.deepcopy` of a model is `mj_copyModel`, so an environment made
+    from a copy steps, observes and renders exactly as one that compiled its own (tests/test_envs_ogbench.py).
+    """
+    import mujoco
+
+    with _PATCH['lock']:
+        if _PATCH['depth'] == 0:
+            _PATCH['original'] = mujoco.MjModel.__dict__['from_xml_string']
+            mujoco.MjModel.from_xml_string = staticmethod(_compile_once)
+        _PATCH['depth'] += 1
+    try:
+        yield
+    finally:
+        with _PATCH['lock']:
+            _PATCH['depth'] -= 1
+            if _PATCH['depth'] == 0:
+                mujoco.MjModel.from_xml_string = _PATCH['original']
 
 
 def check_npz(path, env, keys=('observations', 'actions')):

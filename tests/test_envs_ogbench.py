@@ -146,6 +146,35 @@ def test_env_replays_its_own_data_format(data_dir):
     assert np.median(replay_errors(-1.0).max(axis=1)) > 0.1  # the check tells a wrong step apart
 
 
+def test_environments_made_from_reused_models_step_as_freshly_compiled_ones():
+    """`make_ogbench_env` compiles a task's MuJoCo models once per process and gives every later environment a copy:
+    such an environment resets, steps and observes bit for bit as one that compiled its own, and owns its model."""
+    import gymnasium
+    import mujoco
+
+    reused = [ogbench_utils.make_ogbench_env(ENV_NAME) for _ in range(2)]  # the second from the first's models
+    compiled = mujoco.MjModel.__dict__['from_xml_string']
+    assert compiled is ogbench_utils._PATCH['original']  # restored outside `make_ogbench_env`
+    fresh = gymnasium.make(ogbench_utils.split_name(ENV_NAME)[0])  # compiles its own
+    assert len(ogbench_utils._COMPILED) >= 2  # the scene and the arm's inverse-kinematics model
+    actions = np.random.default_rng(0).uniform(-1, 1, (60, 5))
+    runs = []
+    for env in (*reused, fresh):
+        ob, _ = env.reset(seed=3)
+        rows = [ob]
+        for a in actions:
+            ob, reward, terminated, truncated, info = env.step(a)
+            rows.append(np.r_[ob, reward, terminated, truncated, info['success']])
+        runs.append(rows)
+    for rows in runs[:2]:
+        for a, b in zip(rows, runs[2], strict=True):
+            np.testing.assert_array_equal(a, b)
+    models = [env.unwrapped._model for env in (*reused, fresh)]
+    assert models[0] is not models[1] and models[0].opt.timestep == models[2].opt.timestep
+    models[0].opt.timestep *= 2  # a change to one environment's model reaches no other
+    assert models[1].opt.timestep == models[2].opt.timestep
+
+
 def test_frame_stack_and_compact(data_dir):
     env, _, train, _ = make_env_and_datasets(ENV_NAME, dataset_dir=str(data_dir), frame_stack=2, compact_dataset=True)
     assert env.reset()[0].shape == (56,)

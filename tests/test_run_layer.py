@@ -56,9 +56,11 @@ def log_rows(run_dir):
 @pytest.mark.parametrize('seeds', [(0,), (0, 1)], ids=['one seed', 'two seeds'])
 @pytest.mark.slow
 def test_a_restart_without_checkpoint_leaves_the_logs_of_one_uninterrupted_run(cube_dir, tmp_path, seeds):
-    seed_flag = f'--seeds={",".join(map(str, seeds))}'
+    # The seeds' environments in this process: the logs are the subject here, and workers step alike
+    # (tests/test_online_schedule.py).
+    seed_flags = [f'--seeds={",".join(map(str, seeds))}', '--env_workers=0']
     suffixes = [''] if len(seeds) == 1 else [f'_sd{s}' for s in seeds]
-    trainer_for(cube_dir, tmp_path, seed_flag, '--exp_name=whole').train()
+    trainer_for(cube_dir, tmp_path, *seed_flags, '--exp_name=whole').train()
     whole = [log_rows(tmp_path / 'Debug' / f'whole{s}') for s in suffixes]
     assert whole[0]['offline_agent'] and whole[0]['online_agent'] and whole[0]['eval']
     # A run killed before its first checkpoint leaves rows behind (here: a copy of the whole run's, and an `env` row).
@@ -69,7 +71,7 @@ def test_a_restart_without_checkpoint_leaves_the_logs_of_one_uninterrupted_run(c
         with open(path, 'w') as f:
             f.write('step,episode.return\n3,1.0\n')
     for again in (['--resume'], []):  # `--resume` finds no checkpoint; a plain restart reuses the directory
-        trainer_for(cube_dir, tmp_path, seed_flag, '--exp_name=cut', *again).train()
+        trainer_for(cube_dir, tmp_path, *seed_flags, '--exp_name=cut', *again).train()
         for s, expected in zip(suffixes, whole, strict=True):
             run_dir = tmp_path / 'Debug' / f'cut{s}'
             assert log_rows(run_dir) == expected, (again, s)

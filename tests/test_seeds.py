@@ -19,10 +19,12 @@ from training import Trainer
 from utils.errors import UsageError
 
 TOL = dict(rtol=2e-4, atol=2e-5)
+# Every seed's environments in this process (`--env_workers=0`): workers step them exactly alike
+# (tests/test_online_schedule.py), and each would start a process that imports and builds its environments anew.
 TINY = [
     '--env_name=cube-single-play-singletask-task2-v0', '--agent.actor_hidden_dims=(16,16)',
     '--agent.value_hidden_dims=(16,16)', '--agent.batch_size=8', '--eval_envs=1', '--horizon_length=2',
-    '--buffer_size=400',
+    '--buffer_size=400', '--env_workers=0',
 ]  # fmt: skip
 AGENTS = {
     'qc': [
