@@ -30,9 +30,11 @@ class EnvWorkerError(RuntimeError):
 
 
 class EnvWorker:
-    """One child process holding the environments that `builders` build (each returns a list of environments)."""
+    """One child process holding the environments that `builders` build (each returns a list of environments).
+    With `counts` (how many environments each builder returns) the `RemoteEnv` handles exist at once and requests
+    may be sent while the worker still builds (it answers them after); else `wait_ready` makes them."""
 
-    def __init__(self, builders):
+    def __init__(self, builders, counts=None):
         ours, theirs = Pipe(duplex=True)
         # The project root goes first on the child's path (the working directory stays: datasets may be relative).
         code = f'import sys; sys.path.insert(0, {_ROOT!r}); import envs.workers; envs.workers.serve(int(sys.argv[1]))'
@@ -40,16 +42,25 @@ class EnvWorker:
         theirs.close()
         self.conn = ours
         self.conn.send(list(builders))
-        self.envs = None  # Per builder, its environments' `RemoteEnv` handles, once `wait_ready` returned.
+        self.envs = None if counts is None else self._handles(counts)  # Per builder, its environments' handles.
+        self._built = False  # Whether the build's answer was read (it comes before every other answer).
         self._sent = self._received = 0  # Requests sent and answers read (the build's answer is not counted).
         self._answers = {}  # Answers read before their `result` call, by ticket.
 
+    def _handles(self, counts):
+        handles = itertools.count()
+        return [[RemoteEnv(self, next(handles)) for _ in range(n)] for n in counts]
+
     def wait_ready(self):
-        """Waits until the environments are built; returns, per builder, the `RemoteEnv` handles of its list."""
-        if self.envs is None:
-            handles = itertools.count()
+        """Waits until the environments are built (raises the error of a builder that failed); returns, per builder,
+        the `RemoteEnv` handles of its list."""
+        if not self._built:
             counts = self._unpack(self._read())
-            self.envs = [[RemoteEnv(self, next(handles)) for _ in range(n)] for n in counts]
+            self._built = True
+            if self.envs is None:
+                self.envs = self._handles(counts)
+            elif [len(group) for group in self.envs] != counts:
+                raise EnvWorkerError(f'the builders made {counts} environments, not {[len(g) for g in self.envs]}')
         return self.envs
 
     def request(self, command, index, argument=None, answers=1):
@@ -65,6 +76,7 @@ class EnvWorker:
     def result(self, ticket):
         """The answer to request `ticket` (raises the worker's error). The worker answers in the order it was asked;
         answers to other requests read on the way are kept for their own `result` call."""
+        self.wait_ready()
         while ticket not in self._answers:
             self._answers[self._received] = self._read()
             self._received += 1
@@ -170,17 +182,25 @@ def steps_async(env, actions, state_fn=None):
 
 class WorkerPool:
     """`builders` dealt round-robin to `num_workers` worker processes (fewer when there are fewer builders), which
-    build at the same time; `env_lists()` waits for them."""
+    build at the same time. Without `counts`, `env_lists()` waits for them; with `counts` (the number of
+    environments each builder returns) it returns at once and `wait_ready()` waits (the caller does other work
+    meanwhile)."""
 
-    def __init__(self, builders, num_workers):
+    def __init__(self, builders, num_workers, counts=None):
         count = min(num_workers, len(builders))
-        self.workers = [EnvWorker(builders[w::count]) for w in range(count)]
+        self.workers = [EnvWorker(builders[w::count], None if counts is None else counts[w::count])
+                        for w in range(count)]  # fmt: skip
 
     def env_lists(self):
-        """Per builder, in the order given, the `RemoteEnv` handles of the environments it built."""
-        per_worker = [worker.wait_ready() for worker in self.workers]
+        """Per builder, in the order given, the `RemoteEnv` handles of the environments it built (or will build)."""
+        per_worker = [worker.envs if worker.envs is not None else worker.wait_ready() for worker in self.workers]
         count = len(per_worker)
         return [per_worker[i % count][i // count] for i in range(sum(map(len, per_worker)))]
+
+    def wait_ready(self):
+        """Waits until every worker built its environments; raises the first error of a builder."""
+        for worker in self.workers:
+            worker.wait_ready()
 
     def close(self):
         for worker in self.workers:

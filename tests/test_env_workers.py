@@ -53,6 +53,27 @@ def test_worker_environments_step_as_local_ones(cube_dir):
     assert pool.workers[0].process.poll() is not None
 
 
+def test_with_counts_the_handles_come_before_the_build_and_requests_wait_for_it(cube_dir):
+    """With the counts of environments known, `env_lists()` returns while the worker still builds (the driver makes
+    its agents meanwhile); a request sent then is answered after the build, and `wait_ready` checks the counts."""
+    build = functools.partial(seed_env_list, ENV, 3, num_eval_envs=1, dataset_dir=cube_dir)
+    pool = WorkerPool([build], num_workers=1, counts=[2])
+    try:
+        [[env, eval_env]] = pool.env_lists()
+        assert not pool.workers[0]._built  # nothing was read from the worker yet
+        reset = eval_env.reset(seed=7)[0]  # sent while it builds; answered after the build's own answer
+        np.testing.assert_array_equal(reset, build()[1].reset(seed=7)[0])
+        pool.wait_ready()
+    finally:
+        pool.close()
+    wrong = WorkerPool([build], num_workers=1, counts=[3])
+    try:
+        with pytest.raises(EnvWorkerError, match=r'the builders made \[2\] environments, not \[3\]'):
+            wrong.wait_ready()
+    finally:
+        wrong.close()
+
+
 def test_a_build_error_in_a_worker_reaches_the_driver_as_itself():
     pool = WorkerPool([functools.partial(seed_env_list, 'no-such-env-v0', 0)], num_workers=1)
     try:

@@ -160,6 +160,7 @@ def test_environments_in_worker_processes_give_the_serial_results(cube_dir, tmp_
         run = parse_run(preset, [*base, f'--exp_name=workers{workers}', f'--env_workers={workers}'])
         trainer = Trainer(run, agents)
         assert (trainer.workers is None) == (workers == 0)
+        assert ('worker envs' in trainer.startup.stages) == (workers > 0)  # waited for after the agents were made
         trainer.train()
         runs[workers] = trainer
     serial = runs.pop(0)

@@ -114,8 +114,9 @@ def env_worker_count(run):
 def build_lanes(run):
     """(run, lanes, workers): one `Lane` per seed, with its environments and its view of the checked, processed
     offline data, and the `envs.workers.WorkerPool` holding the training environments and the other seeds'
-    evaluation copies with `--env_workers` (else None). The returned run has videos turned off where nothing
-    renders (said in one warning line)."""
+    evaluation copies with `--env_workers` (else None; its workers may still be building: `workers.wait_ready()`
+    before the first use). The returned run has videos turned off where nothing renders (said in one warning
+    line)."""
     group_dir = os.path.join(run.save_dir, run.run_group or '')
     check_writable(group_dir)  # Fails early on an unwritable save_dir; nothing is created before the checks.
     base, names = seed_exp_names(run)
@@ -134,11 +135,13 @@ def build_lanes(run):
                                  frame_stack=run.frame_stack)  # fmt: skip
 
     seed_builders = [builder(s, num_eval_envs) for s in run.seeds[1:]]
-    # Worker processes start first and build their environments while this process loads the data: the first
-    # seed's training environment (where there is an online phase), and all environments of the other seeds.
+    # Worker processes start first and build their environments while this process loads the data and creates the
+    # agents (`Trainer` waits for them after that): the first seed's training environment (where there is an online
+    # phase), and all environments of the other seeds.
     first = [builder(run.seed, 0)] if run.online_steps > 0 else []
     num_workers = env_worker_count(run)
-    workers = WorkerPool([*first, *seed_builders], num_workers) if num_workers else None
+    counts = [1] * len(first) + [1 + num_eval_envs] * len(seed_builders)  # what `seed_env_list` returns
+    workers = WorkerPool([*first, *seed_builders], num_workers, counts=counts) if num_workers else None
     envs = make_run_envs(
         run.env_name, dataset_dir=run.dataset_dir, ogbench_dataset_dir=run.ogbench_dataset_dir, seed=run.seed,
         frame_stack=run.frame_stack, num_eval_envs=num_eval_envs, with_val=False,

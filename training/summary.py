@@ -23,7 +23,8 @@ def seconds_since_process_start():
 
 
 class StartupClock:
-    """Seconds per start-up stage ('imports', 'envs and data', 'agent', 'first update'), for the summary line."""
+    """Seconds per start-up stage ('imports', 'envs and data', 'agent', with environment workers 'worker envs' (the
+    wait for their environments after the agent was made), 'first update'), for the summary line."""
 
     def __init__(self):
         self.stages = {'imports': seconds_since_process_start()}

@@ -30,6 +30,9 @@ class Trainer:
             agent_classes, self.run.agent, self.run.seeds, self.lanes[0].dataset, self.run.seeds_per_vmap
         )
         self.startup.lap('agent')
+        if self.workers is not None:  # They built the other environments meanwhile; a failed build stops here.
+            self.workers.wait_ready()
+            self.startup.lap('worker envs')
         # The run directories are made only once everything above was accepted.
         setup.check_disk(self.run, self.agents, self.lanes)
         progress = checkpointing.resume(self.agents, self.lanes) if self.run.resume else checkpointing.Progress()
