@@ -124,7 +124,8 @@ def make_ogbench_env(env_name, **env_kwargs):
 
 
 # MuJoCo models compiled in this process, by their XML and assets (see `reused_compiled_models`); never emptied: a
-# process compiles one or two models per task it makes environments of (a few MB each).
+# process holds the two models of each task it makes environments of (90 MB for a cube task, mostly the arm's meshes;
+# a process with 4 cube environments measured 963 MB resident against 949 MB when each compiled its own).
 _COMPILED = {}
 _PATCH = dict(lock=threading.Lock(), depth=0, original=None)
 
