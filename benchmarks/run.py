@@ -164,10 +164,9 @@ def online_targets(results):
                                 met=ratio >= factor, value=round(ratio, 2)))
     starts = {r['seeds']: r for r in results.get('online_startup') or [] if r.get('env_workers_flag', -1) == -1}
     if 1 in starts and 8 in starts and results['machine']['backend'] == 'gpu':
-        def after_imports(row):
-            return sum(v for k, v in row.items() if k.endswith(' s') and k != 'imports s')
-
-        ratio = after_imports(starts[8]) / after_imports(starts[1])
+        # 'first update' is the time from the start of setup to the end of the first update (every stage after the
+        # imports, and the first update's own compile and run).
+        ratio = starts[8]['first update s'] / starts[1]['first update s']
         targets.append(dict(target='GPU: start-up of 8 seeds <= 1.5x one seed', met=ratio <= 1.5,
                             value=round(ratio, 2)))  # fmt: skip
     return targets
@@ -354,7 +353,8 @@ def print_tables(results, matmul):
                     ('imports s', 'imports', '{:.1f}'),
                     ('envs and data s', 'envs and data', '{:.1f}'),
                     ('agent s', 'agent', '{:.1f}'),
-                    ('first update s', 'first update', '{:.1f}'),
+                    ('worker envs s', 'worker envs', '{:.1f}'),
+                    ('first update s', 'first update (from setup)', '{:.1f}'),
                 ],
             )
         )
