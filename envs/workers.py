@@ -206,6 +206,13 @@ class WorkerPool:
         for worker in self.workers:
             worker.close()
 
+    def abort(self):
+        """Kills the workers at once (a run refused before it started: nothing they hold is needed)."""
+        for worker in self.workers:
+            worker.process.kill()
+            worker.process.wait()
+            worker.conn.close()
+
 
 def _answer(envs, command, index, argument):
     env = envs[index]

@@ -93,6 +93,31 @@ def uninterrupted_worker_run(cube_dir, tmp_path_factory):
     return {s: log_rows(save_dir / 'Debug' / f'whole{s}') for s in ('_sd0', '_sd1')}
 
 
+@pytest.mark.parametrize('where', ['build_lanes', 'create_agents'])
+def test_a_run_refused_during_setup_leaves_no_worker_process(cube_dir, tmp_path, monkeypatch, where):
+    """The workers start first (they build while the driver loads and creates its agents); a refusal after that, in
+    the driver's own checks or its agent creation, ends them."""
+    from training import setup
+
+    pools = []
+
+    class RecordedPool(setup.WorkerPool):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            pools.append(self)
+
+    def refuse(*args, **kwargs):
+        raise UsageError('refused for the test')
+
+    monkeypatch.setattr(setup, 'WorkerPool', RecordedPool)
+    monkeypatch.setattr(setup, 'check_chunk_fits' if where == 'build_lanes' else 'create_agents', refuse)
+    with pytest.raises(UsageError, match='refused for the test'):
+        trainer_for(cube_dir, tmp_path, *WORKER_RUN, '--exp_name=refused')
+    [pool] = pools
+    assert all(worker.process.poll() is not None for worker in pool.workers)
+    assert not os.path.exists(tmp_path / 'Debug')  # and nothing was written
+
+
 @pytest.mark.parametrize('where', ['acting', 'evaluation'])
 @pytest.mark.slow
 def test_a_dead_environment_worker_stops_with_one_line_and_a_checkpoint_that_resumes(

@@ -142,36 +142,41 @@ def build_lanes(run):
     num_workers = env_worker_count(run)
     counts = [1] * len(first) + [1 + num_eval_envs] * len(seed_builders)  # what `seed_env_list` returns
     workers = WorkerPool([*first, *seed_builders], num_workers, counts=counts) if num_workers else None
-    envs = make_run_envs(
-        run.env_name, dataset_dir=run.dataset_dir, ogbench_dataset_dir=run.ogbench_dataset_dir, seed=run.seed,
-        frame_stack=run.frame_stack, num_eval_envs=num_eval_envs, with_val=False,
-    )  # fmt: skip
-    if run.video_episodes > 0:
-        reason = rendering_problem(envs.eval_envs[0])
-        if reason:
-            # Checked before any update, so a run never trains to its end and then dies at a video.
-            print(f'warning: videos are off ({reason}); training goes on as with --video_episodes=0', flush=True)
-            run = dataclasses.replace(run, video_episodes=0)
-    check_dataset_matches_env(envs.train_dataset, envs.env, frame_stack=run.frame_stack)
-    check_chunk_fits(envs.train_dataset, run)
-    dataset = process_run_dataset(run, envs.train_dataset)
+    try:
+        envs = make_run_envs(
+            run.env_name, dataset_dir=run.dataset_dir, ogbench_dataset_dir=run.ogbench_dataset_dir, seed=run.seed,
+            frame_stack=run.frame_stack, num_eval_envs=num_eval_envs, with_val=False,
+        )  # fmt: skip
+        if run.video_episodes > 0:
+            reason = rendering_problem(envs.eval_envs[0])
+            if reason:
+                # Checked before any update, so a run never trains to its end and then dies at a video.
+                print(f'warning: videos are off ({reason}); training goes on as with --video_episodes=0', flush=True)
+                run = dataclasses.replace(run, video_episodes=0)
+        check_dataset_matches_env(envs.train_dataset, envs.env, frame_stack=run.frame_stack)
+        check_chunk_fits(envs.train_dataset, run)
+        dataset = process_run_dataset(run, envs.train_dataset)
 
-    train_env = envs.env  # Used for the checks above; with workers, a worker's copy steps.
-    if workers is not None:
-        other_envs = workers.env_lists()
-        if first:
-            [train_env], *other_envs = other_envs
-    else:
-        # Built side by side on threads (each build touches only its own environments): 12.1 s -> 4.8 s for 8 seeds
-        # of cube on an H200 node (benchmarks/RESULTS.md).
-        with thread_pool(run, dataset['observations'].ndim - 1, workers=BUILD_THREADS) as pool:
-            other_envs = map_lanes(pool, lambda build: build(), seed_builders)
-    lanes = [Lane.build(run.for_seed(run.seed), names[0], os.path.join(group_dir, names[0]), train_env,
-                        envs.eval_envs, dataset, shards=envs.shards)]  # fmt: skip
-    for s, name, (env, *eval_envs) in zip(run.seeds[1:], names[1:], other_envs, strict=True):
-        lane_dataset = dataset.copy()  # Same arrays, own generator seeded like `--seed=s` alone.
-        lane_dataset.seed(seeding.stream(s, 'dataset'))
-        lanes.append(Lane.build(run.for_seed(s), name, os.path.join(group_dir, name), env, eval_envs, lane_dataset))
+        train_env = envs.env  # Used for the checks above; with workers, a worker's copy steps.
+        if workers is not None:
+            other_envs = workers.env_lists()
+            if first:
+                [train_env], *other_envs = other_envs
+        else:
+            # Built side by side on threads (each build touches only its own environments): 12.1 s -> 4.8 s for 8 seeds
+            # of cube on an H200 node (benchmarks/RESULTS.md).
+            with thread_pool(run, dataset['observations'].ndim - 1, workers=BUILD_THREADS) as pool:
+                other_envs = map_lanes(pool, lambda build: build(), seed_builders)
+        lanes = [Lane.build(run.for_seed(run.seed), names[0], os.path.join(group_dir, names[0]), train_env,
+                            envs.eval_envs, dataset, shards=envs.shards)]  # fmt: skip
+        for s, name, (env, *eval_envs) in zip(run.seeds[1:], names[1:], other_envs, strict=True):
+            lane_dataset = dataset.copy()  # Same arrays, own generator seeded like `--seed=s` alone.
+            lane_dataset.seed(seeding.stream(s, 'dataset'))
+            lanes.append(Lane.build(run.for_seed(s), name, os.path.join(group_dir, name), env, eval_envs, lane_dataset))
+    except BaseException:
+        if workers is not None:
+            workers.abort()  # A run refused here leaves no worker process behind.
+        raise
     return run, lanes, workers
 
 

@@ -25,20 +25,25 @@ class Trainer:
         self.startup = StartupClock()
         self.compiles = CompileCounter(setup.use_compilation_cache(run.compilation_cache_dir))
         self.run, self.lanes, self.workers = setup.build_lanes(run)
-        self.startup.lap('envs and data')
-        self.agents = setup.create_agents(
-            agent_classes, self.run.agent, self.run.seeds, self.lanes[0].dataset, self.run.seeds_per_vmap
-        )
-        self.startup.lap('agent')
-        if self.workers is not None:  # They built the other environments meanwhile; a failed build stops here.
-            self.workers.wait_ready()
-            self.startup.lap('worker envs')
-        # The run directories are made only once everything above was accepted.
-        setup.check_disk(self.run, self.agents, self.lanes)
-        progress = checkpointing.resume(self.agents, self.lanes) if self.run.resume else checkpointing.Progress()
-        for lane in self.lanes:
-            setup.open_logs(lane, progress.log_step, several=self.run.num_seeds > 1)
-        self.hooks = Hooks(self.run, self.agents, self.lanes, progress, self.startup, self.compiles)
+        try:
+            self.startup.lap('envs and data')
+            self.agents = setup.create_agents(
+                agent_classes, self.run.agent, self.run.seeds, self.lanes[0].dataset, self.run.seeds_per_vmap
+            )
+            self.startup.lap('agent')
+            if self.workers is not None:  # They built the other environments meanwhile; a failed build stops here.
+                self.workers.wait_ready()
+                self.startup.lap('worker envs')
+            # The run directories are made only once everything above was accepted.
+            setup.check_disk(self.run, self.agents, self.lanes)
+            progress = checkpointing.resume(self.agents, self.lanes) if self.run.resume else checkpointing.Progress()
+            for lane in self.lanes:
+                setup.open_logs(lane, progress.log_step, several=self.run.num_seeds > 1)
+            self.hooks = Hooks(self.run, self.agents, self.lanes, progress, self.startup, self.compiles)
+        except BaseException:
+            if self.workers is not None:
+                self.workers.abort()  # A run refused here leaves no worker process behind.
+            raise
 
     @property
     def stop(self):
