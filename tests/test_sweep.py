@@ -9,6 +9,7 @@ import re
 import socket
 import subprocess
 import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -182,10 +183,22 @@ def test_table_and_plots_from_run_directories(tmp_path):
 
 
 def test_local_processes_get_one_gpu_each_at_most_k_per_gpu(tmp_path):
-    # Each process records the CUDA_VISIBLE_DEVICES and preallocation setting it saw, and when it ran.
-    script = ('import os, sys, time; t = time.time(); time.sleep(0.5); open(sys.argv[1], "w").write(" ".join(['
-              'os.environ.get("CUDA_VISIBLE_DEVICES", "-"), os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE", "-"), '
-              'str(t), str(time.time())]))')  # fmt: skip
+    # Each process records the CUDA_VISIBLE_DEVICES and preallocation setting it saw, and when it ran. It runs until
+    # a second process of its GPU has started (at most 10 s): two share a GPU whenever the launcher lets them, however
+    # slowly a loaded machine starts them.
+    script = textwrap.dedent('''
+        import glob, os, sys, time
+        device = os.environ.get("CUDA_VISIBLE_DEVICES", "-")
+        open(f"{sys.argv[1]}.started.{device}", "w").close()
+        t = time.time()
+        while len(glob.glob(os.path.join(os.path.dirname(sys.argv[1]), f"*.started.{device}"))) < 2:
+            if time.time() > t + 10:
+                break
+            time.sleep(0.02)
+        time.sleep(0.2)
+        text = " ".join([device, os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE", "-"), str(t), str(time.time())])
+        open(sys.argv[1], "w").write(text)
+    ''')
     names = [f'u{i}' for i in range(10)]
     argvs = [(name, [sys.executable, '-c', script, str(tmp_path / f'{name}.seen')]) for name in names]
     launch.run_local(str(tmp_path), argvs, devices=['0', '1'], runs_per_device=2)
