@@ -162,7 +162,8 @@ def online_targets(results):
             ratio = by_seeds[8]['seed_steps_per_s'] / by_seeds[1]['seed_steps_per_s']
             targets.append(dict(target=f'GPU, {agent}: 8 seeds >= {factor}x the seed-steps/s of one (best schedules)',
                                 met=ratio >= factor, value=round(ratio, 2)))
-    starts = {r['seeds']: r for r in results.get('online_startup') or [] if r.get('env_workers_flag', -1) == -1}
+    starts = {r['seeds']: r for r in results.get('online_startup') or []
+              if r.get('env_workers_flag', -1) == -1 and 'first update s' in r}  # fmt: skip
     if 1 in starts and 8 in starts and results['machine']['backend'] == 'gpu':
         # 'first update' is the time from the start of setup to the end of the first update (every stage after the
         # imports, and the first update's own compile and run).
