@@ -12,6 +12,7 @@ A worker ignores SIGINT and SIGTERM (the driver stops on them and writes its che
 still answer until then) and exits when its socket closes, which also happens when the driver dies.
 """
 
+import contextlib
 import functools
 import itertools
 import os
@@ -212,6 +213,18 @@ class WorkerPool:
             worker.process.kill()
             worker.process.wait()
             worker.conn.close()
+
+
+@contextlib.contextmanager
+def aborted_on_error(pool):
+    """Within: an exception kills the workers of `pool` (None: there are none) before it propagates, so that a run
+    refused while it is set up leaves no worker process behind."""
+    try:
+        yield
+    except BaseException:
+        if pool is not None:
+            pool.abort()
+        raise
 
 
 def _answer(envs, command, index, argument):

@@ -157,15 +157,8 @@ def reference_loop(env, dataset, prefix, online_steps, random_steps, start_train
 
 @functools.cache
 def gather_step(layout):
-    """One packed step as the device replay applies it (its transition stored, then its batch gathered), compiled
-    (op by op, every gather would be dozens of dispatches)."""
-
-    def step(data, storage, packed):
-        row, transition, rows, scalars = device_replay._unpack(packed, layout)
-        storage = {k: storage[k].at[row].set(transition[k]) for k in storage}
-        return storage, device_replay.gather(data, storage, rows, scalars)
-
-    return jax.jit(step)
+    """`device_replay.store_and_gather` for `layout`, compiled (op by op, a gather is dozens of dispatches)."""
+    return jax.jit(functools.partial(device_replay.store_and_gather, layout=layout))
 
 
 @pytest.mark.parametrize(
@@ -220,7 +213,7 @@ def test_the_online_data_path_is_the_reference_loops(cube_dir, tmp_path, monkeyp
         # The batches gathered on the device (`--device_replay`), step by step as the compiled call gathers them.
         replay, storage = self.replay, self.replay.storage
         for (packed,) in steps:
-            storage, batch = gather_step(replay.layout)(replay.data, storage, packed)
+            storage, batch = gather_step(replay.layout)(storage, replay.data, packed)
             batch = jax.device_get(batch)  # one fetch, then NumPy slices
             batches.extend({k: v[u] for k, v in batch.items()} for u in range(replay.layout.updates))
         return real_replay_steps(self, steps)

@@ -132,15 +132,22 @@ def gather(data, storage, rows, scalars):
     )
 
 
+def store_and_gather(storage, data, packed_step, layout):
+    """One packed online step (`RowSampler.sample`): its transition written into `storage`, then the batch of its U
+    updates gathered from the data and the storage. Returns (storage, batch with (U, B, ...) leaves)."""
+    row, transition, rows, scalars = _unpack(packed_step, layout)
+    storage = {k: storage[k].at[row].set(transition[k]) for k in storage}
+    return storage, gather(data, storage, rows, scalars)
+
+
 def replay_steps(agent, storage, data, packed, layout):
     """Runs T online steps of one seed, `packed` (T, layout.size()): each writes its transition into `storage`, then
     runs its U updates on the chunks gathered from the data and the storage. Returns (agent, storage, last info)."""
 
     def step(carry, packed_step):
         agent, storage = carry
-        row, transition, rows, scalars = _unpack(packed_step, layout)
-        storage = {k: storage[k].at[row].set(transition[k]) for k in storage}
-        agent, info = agent.batch_update(gather(data, storage, rows, scalars))  # its U updates, (U, B, ...) leaves
+        storage, batch = store_and_gather(storage, data, packed_step, layout)
+        agent, info = agent.batch_update(batch)  # its U updates
         return (agent, storage), info
 
     (agent, storage), infos = jax.lax.scan(step, (agent, storage), packed)

@@ -14,7 +14,7 @@ from analysis import run_files
 from envs.common import RENDERING_HINT, DataError, describe_error
 from envs.env_utils import make_run_envs, seed_env_list
 from envs.gl_backend import rendering_disabled_reason
-from envs.workers import WorkerPool
+from envs.workers import WorkerPool, aborted_on_error
 from log_utils import Loggers, get_exp_name, save_flags, setup_wandb
 from training.data import process_run_dataset, replay_capacity
 from training.lanes import Lane, map_lanes, thread_pool
@@ -142,7 +142,7 @@ def build_lanes(run):
     num_workers = env_worker_count(run)
     counts = [1] * len(first) + [1 + num_eval_envs] * len(seed_builders)  # what `seed_env_list` returns
     workers = WorkerPool([*first, *seed_builders], num_workers, counts=counts) if num_workers else None
-    try:
+    with aborted_on_error(workers):  # A run refused here leaves no worker process behind.
         envs = make_run_envs(
             run.env_name, dataset_dir=run.dataset_dir, ogbench_dataset_dir=run.ogbench_dataset_dir, seed=run.seed,
             frame_stack=run.frame_stack, num_eval_envs=num_eval_envs, with_val=False,
@@ -173,10 +173,6 @@ def build_lanes(run):
             lane_dataset = dataset.copy()  # Same arrays, own generator seeded like `--seed=s` alone.
             lane_dataset.seed(seeding.stream(s, 'dataset'))
             lanes.append(Lane.build(run.for_seed(s), name, os.path.join(group_dir, name), env, eval_envs, lane_dataset))
-    except BaseException:
-        if workers is not None:
-            workers.abort()  # A run refused here leaves no worker process behind.
-        raise
     return run, lanes, workers
 
 

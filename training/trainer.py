@@ -12,6 +12,7 @@ around their steps in `training.hooks`, checkpoints in `training.checkpointing`,
 `analysis.run_files`, the end-of-run summary in `training.summary`.
 """
 
+from envs.workers import aborted_on_error
 from training import checkpointing, loops, setup
 from training.hooks import Hooks
 from training.summary import CompileCounter, StartupClock
@@ -25,7 +26,7 @@ class Trainer:
         self.startup = StartupClock()
         self.compiles = CompileCounter(setup.use_compilation_cache(run.compilation_cache_dir))
         self.run, self.lanes, self.workers = setup.build_lanes(run)
-        try:
+        with aborted_on_error(self.workers):  # A run refused here leaves no worker process behind.
             self.startup.lap('envs and data')
             self.agents = setup.create_agents(
                 agent_classes, self.run.agent, self.run.seeds, self.lanes[0].dataset, self.run.seeds_per_vmap
@@ -40,10 +41,6 @@ class Trainer:
             for lane in self.lanes:
                 setup.open_logs(lane, progress.log_step, several=self.run.num_seeds > 1)
             self.hooks = Hooks(self.run, self.agents, self.lanes, progress, self.startup, self.compiles)
-        except BaseException:
-            if self.workers is not None:
-                self.workers.abort()  # A run refused here leaves no worker process behind.
-            raise
 
     @property
     def stop(self):
