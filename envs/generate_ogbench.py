@@ -28,7 +28,7 @@ from collections import defaultdict
 import numpy as np
 
 from envs.common import EnvError
-from envs.ogbench_utils import make_rendering_env
+from envs.ogbench_utils import make_rendering_env, reused_compiled_models
 from utils.errors import run_cli
 
 # Number of training episodes of OGBench's published play datasets.
@@ -167,9 +167,10 @@ class EpisodeCollector:
             raise EnvError(f'ogbench cannot be imported ({e}); run: pip install ogbench==1.2.2') from e
 
         def make():
-            return gymnasium.make(
-                gym_id, terminate_at_goal=False, mode='data_collection', max_episode_steps=episode_length
-            )
+            with reused_compiled_models():  # the models of this process's (or the model cache's) earlier ones
+                return gymnasium.make(
+                    gym_id, terminate_at_goal=False, mode='data_collection', max_episode_steps=episode_length
+                )
 
         self.env = make_rendering_env(make, gym_id) if gym_id.startswith('visual-') else make()
         self.env_base, self.episode_length = env_base, episode_length

@@ -128,6 +128,11 @@ def make_ogbench_env(env_name, **env_kwargs):
 # a process with 4 cube environments measured 963 MB resident against 949 MB when each compiled its own).
 _COMPILED = {}
 _PATCH = dict(lock=threading.Lock(), depth=0, original=None)
+# A folder where the compiled models are also kept between processes, as MuJoCo's binary model files (unset: not
+# kept). The test suite sets it: its ~100 processes make the same few environments, each first one compiling for ~1 s
+# where loading the file takes ~0.15 s. A run gains little from it (one compile per process) and a cube task's two
+# files take ~95 MB, so it is off unless set.
+MODEL_CACHE_ENV = 'QC_MUJOCO_MODEL_CACHE'
 
 
 def _compile_once(xml, assets=None):
@@ -135,8 +140,36 @@ def _compile_once(xml, assets=None):
     key = (xml, tuple(sorted((name, hashlib.sha256(data).digest()) for name, data in (assets or {}).items())))
     model = _COMPILED.get(key)
     if model is None:
-        model = _COMPILED.setdefault(key, _PATCH['original'].__func__(xml, assets))
+        model = _COMPILED.setdefault(key, _load_or_compile(key, assets))
     return copy.deepcopy(model)  # mj_copyModel: the same model, owned by the one environment that asked
+
+
+def _load_or_compile(key, assets):
+    """The model of `key` from the `$QC_MUJOCO_MODEL_CACHE` folder where it is there and readable, else compiled (and
+    written there, atomically: processes building at the same time never see a partial file)."""
+    import mujoco
+
+    folder = os.environ.get(MODEL_CACHE_ENV)
+    if not folder:
+        return _PATCH['original'].__func__(key[0], assets)
+    digest = hashlib.sha256(repr((mujoco.__version__, key)).encode()).hexdigest()
+    path = os.path.join(os.path.expanduser(folder), f'{digest}.mjb')
+    if os.path.exists(path):
+        with contextlib.suppress(ValueError):  # unreadable (e.g. damaged): compiled and written again
+            return mujoco.MjModel.from_binary_path(path)
+    model = _PATCH['original'].__func__(key[0], assets)
+    data = np.empty(mujoco.mj_sizeModel(model), np.uint8)
+    mujoco.mj_saveModel(model, None, data)
+    part = f'{path}.{os.getpid()}-{threading.get_ident()}.part'
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(part, 'wb') as f:
+            f.write(data)
+        os.replace(part, path)
+    except OSError:  # an unwritable folder only costs the next process a compile
+        with contextlib.suppress(OSError):
+            os.remove(part)
+    return model
 
 
 @contextlib.contextmanager

@@ -1,4 +1,5 @@
-"""Suite-wide settings: one persistent JAX compilation cache, shared by the test runs and their driver subprocesses.
+"""Suite-wide settings: one persistent JAX compilation cache, shared by the test runs and their driver subprocesses
+(and one of OGBench's compiled MuJoCo models, below).
 
 Most of the suite's time is compiling small agents, often the same program again (every Trainer and every driver
 subprocess compiles its agent anew, and every run of the suite compiles the same programs). A cache keyed by the
@@ -39,6 +40,13 @@ if 'JAX_COMPILATION_CACHE_DIR' not in os.environ:
     os.environ['JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS'] = '0'
     os.environ['JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES'] = '0'
 jax.config.update('jax_compilation_cache_dir', os.environ['JAX_COMPILATION_CACHE_DIR'])
+# OGBench's compiled MuJoCo models kept between the suite's processes (`envs.ogbench_utils.MODEL_CACHE_ENV`): each
+# process that makes an environment would otherwise compile its models again (~1 s; loading them takes ~0.15 s).
+if 'QC_MUJOCO_MODEL_CACHE' not in os.environ:
+    models = os.path.join(os.path.expanduser('~'), '.cache', 'qc-jax', 'test-mujoco')
+    if os.path.isdir(models) and _size(models) > CACHE_BYTES:
+        shutil.rmtree(models, ignore_errors=True)
+    os.environ['QC_MUJOCO_MODEL_CACHE'] = models
 jax.config.update('jax_persistent_cache_min_compile_time_secs', 0)
 jax.config.update('jax_persistent_cache_min_entry_size_bytes', 0)
 

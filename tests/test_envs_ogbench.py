@@ -146,6 +146,17 @@ def test_env_replays_its_own_data_format(data_dir):
     assert np.median(replay_errors(-1.0).max(axis=1)) > 0.1  # the check tells a wrong step apart
 
 
+def rollout(env):
+    """The observations, rewards and flags of 60 seeded random steps of an OGBench environment."""
+    actions = np.random.default_rng(0).uniform(-1, 1, (60, 5))
+    ob, _ = env.reset(seed=3)
+    rows = [ob]
+    for a in actions:
+        ob, reward, terminated, truncated, info = env.step(a)
+        rows.append(np.r_[ob, reward, terminated, truncated, info['success']])
+    return np.concatenate(rows)
+
+
 def test_environments_made_from_reused_models_step_as_freshly_compiled_ones():
     """`make_ogbench_env` compiles a task's MuJoCo models once per process and gives every later environment a copy:
     such an environment resets, steps and observes bit for bit as one that compiled its own, and owns its model."""
@@ -157,22 +168,42 @@ def test_environments_made_from_reused_models_step_as_freshly_compiled_ones():
     assert compiled is ogbench_utils._PATCH['original']  # restored outside `make_ogbench_env`
     fresh = gymnasium.make(ogbench_utils.split_name(ENV_NAME)[0])  # compiles its own
     assert len(ogbench_utils._COMPILED) >= 2  # the scene and the arm's inverse-kinematics model
-    actions = np.random.default_rng(0).uniform(-1, 1, (60, 5))
-    runs = []
-    for env in (*reused, fresh):
-        ob, _ = env.reset(seed=3)
-        rows = [ob]
-        for a in actions:
-            ob, reward, terminated, truncated, info = env.step(a)
-            rows.append(np.r_[ob, reward, terminated, truncated, info['success']])
-        runs.append(rows)
-    for rows in runs[:2]:
-        for a, b in zip(rows, runs[2], strict=True):
-            np.testing.assert_array_equal(a, b)
+    expected = rollout(fresh)
+    for env in reused:
+        np.testing.assert_array_equal(rollout(env), expected)
     models = [env.unwrapped._model for env in (*reused, fresh)]
     assert models[0] is not models[1] and models[0].opt.timestep == models[2].opt.timestep
     models[0].opt.timestep *= 2  # a change to one environment's model reaches no other
     assert models[1].opt.timestep == models[2].opt.timestep
+
+
+def test_models_kept_on_disk_load_as_the_compiled_ones(tmp_path, monkeypatch):
+    """With `$QC_MUJOCO_MODEL_CACHE` a process loads the models another compiled (none compiles again); a damaged
+    file is compiled and written again; environments made either way step bit for bit alike."""
+    import gymnasium
+    import mujoco
+
+    monkeypatch.setenv(ogbench_utils.MODEL_CACHE_ENV, str(tmp_path / 'models'))
+    monkeypatch.setattr(ogbench_utils, '_COMPILED', {})  # as a new process
+    written = ogbench_utils.make_ogbench_env(ENV_NAME)
+    files = sorted((tmp_path / 'models').iterdir())
+    assert [f.suffix for f in files] == ['.mjb', '.mjb']  # the scene and the arm's inverse-kinematics model
+    sizes = [f.stat().st_size for f in files]
+
+    def no_compiling(*args, **kwargs):
+        raise AssertionError('compiled although the file was there')
+
+    with monkeypatch.context() as patch:
+        patch.setattr(ogbench_utils, '_COMPILED', {})
+        patch.setattr(mujoco.MjModel, 'from_xml_string', staticmethod(no_compiling))
+        loaded = ogbench_utils.make_ogbench_env(ENV_NAME)
+    files[0].write_bytes(files[0].read_bytes()[:1000])  # damaged
+    monkeypatch.setattr(ogbench_utils, '_COMPILED', {})
+    rewritten = ogbench_utils.make_ogbench_env(ENV_NAME)
+    assert [f.stat().st_size for f in files] == sizes and not list((tmp_path / 'models').glob('*.part'))
+    expected = rollout(gymnasium.make(ogbench_utils.split_name(ENV_NAME)[0]))
+    for env in (written, loaded, rewritten):
+        np.testing.assert_array_equal(rollout(env), expected)
 
 
 def test_frame_stack_and_compact(data_dir):

@@ -196,7 +196,8 @@ def test_an_existing_run_is_not_overwritten_without_resume(data_dir, tmp_path, m
 def test_sigkill_then_resume_of_several_seeds_reproduces_the_uninterrupted_run(data_dir, tmp_path):
     # Blocks of 3 updates only (one compile); the evaluations at 12 and 24 leave time to kill it after step 12.
     seeds = ['--seeds=0,1', '--offline_steps=24', '--save_interval=6', '--log_interval=6', '--eval_interval=12']
-    train_in_process(args_for(data_dir, tmp_path, 'whole', *OFFLINE, *seeds))
+    # The killed run and its resume step their environments in worker processes; the whole run in this process.
+    train_in_process(args_for(data_dir, tmp_path, 'whole', *OFFLINE, *seeds, '--env_workers=0'))
 
     proc = start_driver(args_for(data_dir, tmp_path, 'killed', *OFFLINE, *seeds))
     killed = [run_dir_of(tmp_path, f'killed_sd{s}') for s in (0, 1)]
@@ -225,7 +226,8 @@ def test_sigkill_then_resume_of_several_seeds_reproduces_the_uninterrupted_run(d
 
 
 def test_a_non_finite_loss_of_several_seeds_names_the_seed(data_dir, tmp_path):
-    nan = ['--seeds=3,4', '--agent.lr=1e30', '--offline_steps=6', '--log_interval=3', '--save_interval=6']
+    nan = ['--seeds=3,4', '--agent.lr=1e30', '--offline_steps=6', '--log_interval=3', '--save_interval=6',
+           '--env_workers=0']
     proc = run_driver('main.py', args_for(data_dir, tmp_path, 'nan', *OFFLINE, *nan))
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines()[-1].startswith('error: seed 3: non-finite values at step')

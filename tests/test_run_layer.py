@@ -89,7 +89,8 @@ def uninterrupted_worker_run(cube_dir, tmp_path_factory):
     save_dir = tmp_path_factory.mktemp('whole')
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv('WANDB_MODE', 'disabled')
-        trainer_for(cube_dir, save_dir, *WORKER_RUN, '--exp_name=whole').train()
+        # In this process: workers step the environments exactly as it does (tests/test_online_schedule.py).
+        trainer_for(cube_dir, save_dir, *WORKER_RUN, '--env_workers=0', '--exp_name=whole').train()
     return {s: log_rows(save_dir / 'Debug' / f'whole{s}') for s in ('_sd0', '_sd1')}
 
 
@@ -112,7 +113,7 @@ def test_a_run_refused_during_setup_leaves_no_worker_process(cube_dir, tmp_path,
     monkeypatch.setattr(setup, 'WorkerPool', RecordedPool)
     monkeypatch.setattr(setup, 'check_chunk_fits' if where == 'build_lanes' else 'create_agents', refuse)
     with pytest.raises(UsageError, match='refused for the test'):
-        trainer_for(cube_dir, tmp_path, *WORKER_RUN, '--exp_name=refused')
+        trainer_for(cube_dir, tmp_path, *WORKER_RUN, '--env_workers=1', '--exp_name=refused')
     [pool] = pools
     assert all(worker.process.poll() is not None for worker in pool.workers)
     assert not os.path.exists(tmp_path / 'Debug')  # and nothing was written
@@ -149,7 +150,8 @@ def test_a_dead_environment_worker_stops_with_one_line_and_a_checkpoint_that_res
     assert f'checkpoint written at step {done}' in message
     monkeypatch.undo()
     monkeypatch.setenv('WANDB_MODE', 'disabled')
-    trainer_for(cube_dir, tmp_path, *WORKER_RUN, '--exp_name=cut', '--resume').train()
+    # Resumed with the environments in this process (results do not depend on where they step).
+    trainer_for(cube_dir, tmp_path, *WORKER_RUN, '--env_workers=0', '--exp_name=cut', '--resume').train()
     for s in ('_sd0', '_sd1'):
         whole, cut_rows = uninterrupted_worker_run[s], log_rows(tmp_path / 'Debug' / f'cut{s}')
         for log in run_files.LOGS:  # every step's rows once, none missing
