@@ -8,6 +8,7 @@ Environments: the legacy `d4rl` package when it (and mujoco_py) can be imported,
 equivalents with D4RL's observation layout (`GymRoboticsAntMaze`, Adroit `AdroitHand*-v1`).
 """
 
+import contextlib
 import os
 import re
 
@@ -230,6 +231,10 @@ class GymRoboticsAntMaze(gymnasium.Wrapper):
             max_episode_steps=_MAX_EPISODE_STEPS[maze],
         )
         super().__init__(env)
+        # Gymnasium-Robotics writes the maze's XML to a file of its own in the temp folder and never removes it (one
+        # per environment made); MuJoCo has read it by now.
+        with contextlib.suppress(OSError):
+            os.remove(env.unwrapped.tmp_xml_file_path)
         # Gymnasium-Robotics scatters start and goal over +-1 (a quarter cell); D4RL starts within +-0.1 of its cell.
         env.unwrapped.position_noise_range = START_GOAL_NOISE / _MAZE_SCALING
         self.env_name = env_name

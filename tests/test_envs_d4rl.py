@@ -113,3 +113,16 @@ def test_missing_dataset_errors(tmp_path):
     assert str(tmp_path / 'antmaze-large-play-v2.hdf5') in str(e.value) and 'envs.generate_d4rl' in str(e.value)
     with pytest.raises(EnvError, match='minari download D4RL/antmaze/large-play-v1'):
         make_env_and_datasets('D4RL/antmaze/large-play-v1', dataset_dir=str(tmp_path))
+
+
+def test_an_antmaze_environment_leaves_no_file_in_the_temp_folder(tmp_path, monkeypatch):
+    """Gymnasium-Robotics writes each maze's XML to a file in the temp folder; the environment removes it once made,
+    and still resets and steps (its model was loaded from it)."""
+    pytest.importorskip('gymnasium_robotics')
+    import tempfile
+
+    monkeypatch.setattr(tempfile, 'tempdir', str(tmp_path))
+    env = d4rl_utils.GymRoboticsAntMaze('antmaze-umaze-diverse-v2')
+    assert list(tmp_path.iterdir()) == []
+    env.reset(seed=0)
+    assert env.step(env.action_space.sample())[0].shape == (29,)
