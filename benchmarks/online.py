@@ -14,8 +14,10 @@ updates of one chunk's steps (blocked), so that the bound set by the critical pa
 `device_busy_est` is the share of the wall time the device spent on updates and policy calls, from the alone timings.
 """
 
+import atexit
 import functools
 import os
+import shutil
 import tempfile
 import time
 
@@ -28,10 +30,11 @@ STEP_PARTS = ('env', 'policy', 'sample', 'dispatch')
 
 @functools.lru_cache(maxsize=1)
 def dataset_dir():
-    """A small generated cube-single play dataset (made once per process)."""
+    """A small generated cube-single play dataset (made once per process, removed when it exits)."""
     from envs.generate_ogbench import generate_dataset
 
     path = tempfile.mkdtemp(prefix='qc-bench-data-')
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
     generate_dataset(
         'cube-single-play-v0', os.path.join(path, 'cube-single-play-v0.npz'), num_episodes=2, num_val_episodes=1,
         episode_length=101, show_progress=False,

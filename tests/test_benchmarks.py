@@ -38,15 +38,17 @@ def test_dot_flops_with_batch_dims():
 @pytest.mark.slow
 def test_quick_suite_runs(tmp_path):
     out = tmp_path / 'results.json'
+    (tmp_path / 'tmp').mkdir()
     proc = subprocess.run(
         [sys.executable, '-m', 'benchmarks.run', '--quick', f'--out={out}'],
         cwd=ROOT,
-        env=subprocess_env(),
+        env=dict(subprocess_env(), TMPDIR=str(tmp_path / 'tmp')),
         capture_output=True,
         text=True,
         timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert os.listdir(tmp_path / 'tmp') == []  # its generated data removed
     results = json.loads(out.read_text())
     assert results['quick'] and results['matmul_flops_per_s'] > 0
     for row in results['updates']:
