@@ -198,6 +198,7 @@ def test_models_kept_on_disk_load_as_the_compiled_ones(tmp_path, monkeypatch):
         patch.setattr(mujoco.MjModel, 'from_xml_string', staticmethod(no_compiling))
         loaded = ogbench_utils.make_ogbench_env(ENV_NAME)
     files[0].write_bytes(files[0].read_bytes()[:1000])  # damaged
+    monkeypatch.chdir(tmp_path)  # MuJoCo writes its warning about the file to MUJOCO_LOG.TXT in the working folder
     monkeypatch.setattr(ogbench_utils, '_COMPILED', {})
     rewritten = ogbench_utils.make_ogbench_env(ENV_NAME)
     assert [f.stat().st_size for f in files] == sizes and not list((tmp_path / 'models').glob('*.part'))
