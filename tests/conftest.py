@@ -25,6 +25,8 @@ import jax
 import pytest
 from helpers import generate_cube_single
 
+from envs.ogbench_utils import MODEL_CACHE_ENV
+
 CACHE_BYTES = 1 << 30
 
 
@@ -40,15 +42,16 @@ if 'JAX_COMPILATION_CACHE_DIR' not in os.environ:
     os.environ['JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS'] = '0'
     os.environ['JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES'] = '0'
 jax.config.update('jax_compilation_cache_dir', os.environ['JAX_COMPILATION_CACHE_DIR'])
-# OGBench's compiled MuJoCo models kept between the suite's processes (`envs.ogbench_utils.MODEL_CACHE_ENV`): each
-# process that makes an environment would otherwise compile its models again (~1 s; loading them takes ~0.15 s).
-if 'QC_MUJOCO_MODEL_CACHE' not in os.environ:
+jax.config.update('jax_persistent_cache_min_compile_time_secs', 0)
+jax.config.update('jax_persistent_cache_min_entry_size_bytes', 0)
+
+# OGBench's compiled MuJoCo models kept between the suite's processes: each process that makes an environment would
+# otherwise compile its models again (~1 s; loading them takes ~0.15 s).
+if MODEL_CACHE_ENV not in os.environ:
     models = os.path.join(os.path.expanduser('~'), '.cache', 'qc-jax', 'test-mujoco')
     if os.path.isdir(models) and _size(models) > CACHE_BYTES:
         shutil.rmtree(models, ignore_errors=True)
-    os.environ['QC_MUJOCO_MODEL_CACHE'] = models
-jax.config.update('jax_persistent_cache_min_compile_time_secs', 0)
-jax.config.update('jax_persistent_cache_min_entry_size_bytes', 0)
+    os.environ[MODEL_CACHE_ENV] = models
 
 
 @pytest.fixture(scope='session')
