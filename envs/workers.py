@@ -31,11 +31,11 @@ class EnvWorkerError(RuntimeError):
 
 
 class EnvWorker:
-    """One child process holding the environments that `builders` build (each returns a list of environments).
-    With `counts` (how many environments each builder returns) the `RemoteEnv` handles exist at once and requests
-    may be sent while the worker still builds (it answers them after); else `wait_ready` makes them."""
+    """One child process holding the environments that `builders` build (each returns a list of environments,
+    `counts[i]` of them for builder i). The `RemoteEnv` handles exist at once: requests may be sent while the worker
+    still builds (it answers them after); `wait_ready` waits for the build and checks the counts."""
 
-    def __init__(self, builders, counts=None):
+    def __init__(self, builders, counts):
         ours, theirs = Pipe(duplex=True)
         # The project root goes first on the child's path (the working directory stays: datasets may be relative).
         code = f'import sys; sys.path.insert(0, {_ROOT!r}); import envs.workers; envs.workers.serve(int(sys.argv[1]))'
@@ -43,26 +43,20 @@ class EnvWorker:
         theirs.close()
         self.conn = ours
         self.conn.send(list(builders))
-        self.envs = None if counts is None else self._handles(counts)  # Per builder, its environments' handles.
+        handles = itertools.count()
+        self.envs = [[RemoteEnv(self, next(handles)) for _ in range(n)] for n in counts]  # Per builder.
         self._built = False  # Whether the build's answer was read (it comes before every other answer).
         self._sent = self._received = 0  # Requests sent and answers read (the build's answer is not counted).
         self._answers = {}  # Answers read before their `result` call, by ticket.
 
-    def _handles(self, counts):
-        handles = itertools.count()
-        return [[RemoteEnv(self, next(handles)) for _ in range(n)] for n in counts]
-
     def wait_ready(self):
-        """Waits until the environments are built (raises the error of a builder that failed); returns, per builder,
-        the `RemoteEnv` handles of its list."""
+        """Waits until the environments are built: raises the error of a builder that failed, or counts other than
+        the ones given."""
         if not self._built:
             counts = self._unpack(self._read())
             self._built = True
-            if self.envs is None:
-                self.envs = self._handles(counts)
-            elif [len(group) for group in self.envs] != counts:
+            if [len(group) for group in self.envs] != counts:
                 raise EnvWorkerError(f'the builders made {counts} environments, not {[len(g) for g in self.envs]}')
-        return self.envs
 
     def request(self, command, index, argument=None, answers=1):
         """Sends a request the worker answers `answers` times; returns the ticket of its first answer for `result`
@@ -183,20 +177,17 @@ def steps_async(env, actions, state_fn=None):
 
 class WorkerPool:
     """`builders` dealt round-robin to `num_workers` worker processes (fewer when there are fewer builders), which
-    build at the same time. Without `counts`, `env_lists()` waits for them; with `counts` (the number of
-    environments each builder returns) it returns at once and `wait_ready()` waits (the caller does other work
-    meanwhile)."""
+    build at the same time; `counts[i]` is the number of environments builder i returns. `env_lists()` returns their
+    handles at once and `wait_ready()` waits for the builds (the caller does other work meanwhile)."""
 
-    def __init__(self, builders, num_workers, counts=None):
+    def __init__(self, builders, num_workers, counts):
         count = min(num_workers, len(builders))
-        self.workers = [EnvWorker(builders[w::count], None if counts is None else counts[w::count])
-                        for w in range(count)]  # fmt: skip
+        self.workers = [EnvWorker(builders[w::count], counts[w::count]) for w in range(count)]
 
     def env_lists(self):
-        """Per builder, in the order given, the `RemoteEnv` handles of the environments it built (or will build)."""
-        per_worker = [worker.envs if worker.envs is not None else worker.wait_ready() for worker in self.workers]
-        count = len(per_worker)
-        return [per_worker[i % count][i // count] for i in range(sum(map(len, per_worker)))]
+        """Per builder, in the order given, the `RemoteEnv` handles of the environments it builds."""
+        count = len(self.workers)
+        return [self.workers[i % count].envs[i // count] for i in range(sum(len(w.envs) for w in self.workers))]
 
     def wait_ready(self):
         """Waits until every worker built its environments; raises the first error of a builder."""

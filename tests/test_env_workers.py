@@ -26,8 +26,9 @@ def steps(env, actions):
 def test_worker_environments_step_as_local_ones(cube_dir):
     build = functools.partial(seed_env_list, ENV, 3, num_eval_envs=2, dataset_dir=cube_dir)
     local = build()
-    pool = WorkerPool([build, functools.partial(seed_env_list, ENV, 4, dataset_dir=cube_dir)], num_workers=1)
+    pool = WorkerPool([build, functools.partial(seed_env_list, ENV, 4, dataset_dir=cube_dir)], 1, counts=[3, 2])
     try:
+        pool.wait_ready()
         lists = pool.env_lists()
         assert [len(envs) for envs in lists] == [3, 2]  # per builder, in order, though one worker built both
         remote = lists[0]
@@ -53,9 +54,9 @@ def test_worker_environments_step_as_local_ones(cube_dir):
     assert pool.workers[0].process.poll() is not None
 
 
-def test_with_counts_the_handles_come_before_the_build_and_requests_wait_for_it(cube_dir):
-    """With the counts of environments known, `env_lists()` returns while the worker still builds (the driver makes
-    its agents meanwhile); a request sent then is answered after the build, and `wait_ready` checks the counts."""
+def test_the_handles_come_before_the_build_and_requests_wait_for_it(cube_dir):
+    """`env_lists()` returns while the worker still builds (the driver makes its agents meanwhile); a request sent
+    then is answered after the build, and `wait_ready` checks the counts."""
     build = functools.partial(seed_env_list, ENV, 3, num_eval_envs=1, dataset_dir=cube_dir)
     pool = WorkerPool([build], num_workers=1, counts=[2])
     try:
@@ -75,16 +76,16 @@ def test_with_counts_the_handles_come_before_the_build_and_requests_wait_for_it(
 
 
 def test_a_build_error_in_a_worker_reaches_the_driver_as_itself():
-    pool = WorkerPool([functools.partial(seed_env_list, 'no-such-env-v0', 0)], num_workers=1)
+    pool = WorkerPool([functools.partial(seed_env_list, 'no-such-env-v0', 0)], num_workers=1, counts=[2])
     try:
         with pytest.raises(EnvError, match="unknown environment 'no-such-env-v0'"):
-            pool.env_lists()
+            pool.wait_ready()
     finally:
         pool.close()
 
 
 def test_a_dead_worker_is_named(cube_dir):
-    pool = WorkerPool([functools.partial(seed_env_list, ENV, 0, dataset_dir=cube_dir)], num_workers=1)
+    pool = WorkerPool([functools.partial(seed_env_list, ENV, 0, dataset_dir=cube_dir)], num_workers=1, counts=[2])
     try:
         env = pool.env_lists()[0][0]
         action = np.zeros(5, dtype=np.float32)

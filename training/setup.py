@@ -140,8 +140,9 @@ def build_lanes(run):
     # phase), and all environments of the other seeds.
     first = [builder(run.seed, 0)] if run.online_steps > 0 else []
     num_workers = env_worker_count(run)
-    counts = [1] * len(first) + [1 + num_eval_envs] * len(seed_builders)  # what `seed_env_list` returns
-    workers = WorkerPool([*first, *seed_builders], num_workers, counts=counts) if num_workers else None
+    builders = [*first, *seed_builders]
+    counts = [1 + b.keywords['num_eval_envs'] for b in builders]  # `seed_env_list`: the training env, then copies
+    workers = WorkerPool(builders, num_workers, counts) if num_workers else None
     with aborted_on_error(workers):  # A run refused here leaves no worker process behind.
         envs = make_run_envs(
             run.env_name, dataset_dir=run.dataset_dir, ogbench_dataset_dir=run.ogbench_dataset_dir, seed=run.seed,
