@@ -135,6 +135,19 @@ _PATCH = dict(lock=threading.Lock(), depth=0, original=None)
 MODEL_CACHE_ENV = 'QC_MUJOCO_MODEL_CACHE'
 
 
+def check_model_cache():
+    """Refuses (one line) a `$QC_MUJOCO_MODEL_CACHE` that names no folder this process can make."""
+    folder = os.environ.get(MODEL_CACHE_ENV)
+    if folder:
+        try:
+            os.makedirs(os.path.expanduser(folder), exist_ok=True)
+        except OSError as e:
+            raise EnvError(
+                f'${MODEL_CACHE_ENV}={folder}: cannot make that folder ({e.strerror}); unset it (compiled models are '
+                'then not kept) or name a writable folder'
+            ) from e
+
+
 def _compile_once(xml, assets=None):
     """`mujoco.MjModel.from_xml_string`, compiling each (XML, assets) once per process and returning a copy."""
     key = (xml, tuple(sorted((name, hashlib.sha256(data).digest()) for name, data in (assets or {}).items())))
@@ -364,9 +377,10 @@ def matches(env_name):
 
 def check_name(env_name):
     """Refuses a name OGBench has no environment for, naming the tasks it has ("cube-single has tasks 1-5"),
-    before any data is looked up."""
+    before any data is looked up; and a `$QC_MUJOCO_MODEL_CACHE` that names no folder it can make."""
     import gymnasium
 
+    check_model_cache()
     _import_ogbench()
     gym_id, _ = split_name(env_name)
     if gym_id in gymnasium.registry:

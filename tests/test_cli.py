@@ -13,6 +13,7 @@ from helpers import ROOT, refusal_in_process, run_driver, subprocess_env
 import main
 import main_online
 from agents import acfql, acrlpd
+from envs.ogbench_utils import MODEL_CACHE_ENV
 from training import RunConfig, paper_settings
 from training.config import SETTING_GROUPS, agent_key_comments, help_text
 from utils.errors import UserError
@@ -34,6 +35,7 @@ def test_help_lists_every_run_setting_and_every_agent_key():
             assert f'--agent.{key}' in text and comments.get(key), key  # every key, with its comment
             assert f'{comments[key]} [{value}]' in ' '.join(text.split()), key  # and its default
         assert set(module.get_config()) == set(module.CONFIG_RULES)  # and a rule
+        assert f'${MODEL_CACHE_ENV} ' in text  # and the one environment variable of this project
 
 
 def test_the_driver_prints_help_and_exits_0():
@@ -77,6 +79,17 @@ def test_bad_settings_are_refused_in_one_line_before_loading(tmp_path, driver, a
     code, stderr = refusal_in_process(driver, argv)
     lines = stderr.strip().splitlines()
     assert code == 2 and len(lines) == 1 and lines[0].startswith('error: ') and message in lines[0], stderr
+
+
+def test_a_model_cache_folder_that_cannot_be_made_is_refused_in_one_line_before_loading(tmp_path, monkeypatch):
+    (tmp_path / 'a_file').write_text('')
+    monkeypatch.setenv(MODEL_CACHE_ENV, str(tmp_path / 'a_file' / 'models'))
+    empty = tmp_path / 'no_data'
+    empty.mkdir()
+    code, stderr = refusal_in_process('main.py', [f'--env_name={TASK}', f'--dataset_dir={empty}'])
+    lines = stderr.strip().splitlines()
+    assert code == 2 and len(lines) == 1, stderr
+    assert lines[0].startswith(f'error: ${MODEL_CACHE_ENV}=') and 'cannot make that folder' in lines[0], stderr
 
 
 @pytest.mark.parametrize(

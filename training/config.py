@@ -428,6 +428,11 @@ def help_text(preset, agent_path, program, summary):
     lines += ['', f'Agent settings of {agent_path} (--agent.key=value; --agent=FILE picks another agent):']
     keys = [*comments, *(k for k in config if k not in comments)]  # the order of `get_config()`
     lines += _rows([(f'--agent.{k}', f'{comments.get(k, "")} [{config[k]}]') for k in keys if k in config])
+    from envs.ogbench_utils import MODEL_CACHE_ENV
+
+    lines += ['', 'Environment variables:', *_rows([(
+        f'${MODEL_CACHE_ENV}', 'Folder where the MuJoCo models OGBench environments compile are kept for later '
+        'processes to load (unset: each process compiles its own; the test suite sets it).')])]  # fmt: skip
     lines += ['', '--helpfull lists every flag, absl\'s own included.']
     return '\n'.join(lines)
 
