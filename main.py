@@ -15,6 +15,7 @@ from training import Preset, Trainer, flags_parser, from_flags
 from utils.errors import cli_main
 
 PRESET = Preset(
+    driver='main.py',
     agent_file='agents/acfql.py',
     buffer_size=2_000_000,
     offline=True,

@@ -14,6 +14,7 @@ from training import Preset, Trainer, flags_parser, from_flags
 from utils.errors import cli_main
 
 PRESET = Preset(
+    driver='main_online.py',
     agent_file='agents/acrlpd.py',
     buffer_size=1_000_000,
     offline=False,

@@ -1,7 +1,10 @@
 """The files of a run directory, their names, the `finished.json` schema, and the readers of all of them.
 
     <save_dir>/<run_group>/<exp_name>/
-        flags.json            the run's settings (`RunConfig.flag_record`)
+        flags.json            the run's settings as its first start had them (`RunConfig.flag_record`)
+        starts.json           every start of the run: when, where, from which step, and the settings it changed
+                              (`read_flags` applies them: a run's settings as its last start had them)
+        lock                  the record of the process that writes the directory (`utils.run_lock`)
         offline_agent.csv     training metrics of the offline phase, one row per `log_interval` steps
         online_agent.csv      training metrics of the online phase
         env.csv               statistics of the online episodes that ended since the previous row
@@ -27,6 +30,7 @@ import numpy as np
 from utils.io_utils import atomic_write, atomic_write_bytes
 
 FLAGS_FILE = 'flags.json'
+STARTS_FILE = 'starts.json'
 FINISHED_FILE = 'finished.json'
 EVAL_LOG = 'eval'
 ENV_LOG = 'env'
@@ -136,13 +140,42 @@ def rewind(run_dir, step):
         os.remove(os.path.join(run_dir, FINISHED_FILE))
 
 
-def read_flags(run_dir):
-    """The run's `flags.json` as a dict ({} when missing or unreadable)."""
+def _read_json(path, default):
     try:
-        with open(os.path.join(run_dir, FLAGS_FILE)) as f:
+        with open(path) as f:
             return json.load(f)
     except (OSError, ValueError):
-        return {}
+        return default
+
+
+def read_first_flags(run_dir):
+    """The settings the run's first start recorded (`flags.json`; {} when missing or unreadable)."""
+    return _read_json(os.path.join(run_dir, FLAGS_FILE), {})
+
+
+def read_starts(run_dir):
+    """The run's starts, oldest first: dicts of `time`, `host`, `pid`, `argv`, `step` (the log step it started
+    from) and `changed` ({setting: [before, after]}, the settings that may change between starts); [] when none
+    was recorded."""
+    starts = _read_json(os.path.join(run_dir, STARTS_FILE), [])
+    return starts if isinstance(starts, list) else []
+
+
+def read_flags(run_dir):
+    """The run's settings as its last start had them: `flags.json` with every start's changes applied ({} when
+    `flags.json` is missing or unreadable)."""
+    flags = read_first_flags(run_dir)
+    if flags:
+        for start in read_starts(run_dir):
+            for name, (_, after) in start.get('changed', {}).items():
+                flags[name] = after
+    return flags
+
+
+def write_starts(run_dir, starts):
+    """Writes the run's list of starts (`read_starts`) atomically."""
+    text = '[\n' + ',\n'.join(json.dumps(start) for start in starts) + '\n]\n'  # one start a line
+    atomic_write_bytes(os.path.join(run_dir, STARTS_FILE), text.encode())
 
 
 def phase_ends(flags):

@@ -15,7 +15,9 @@ Every family module has the same interface, and imports nothing of `envs` but `e
     make_env_and_datasets(env_name, dataset_dir=None, seed=0, ...)
                                                             (env, eval_env, train, val), raw, unclipped, unseeded;
     reward_shift(env_name) -> float                         added to online rewards, as to the offline ones;
-    INFO_FILTERS                                            regexes of info keys the EpisodeMonitor drops.
+    INFO_FILTERS                                            regexes of info keys the EpisodeMonitor drops;
+and optionally
+    is_visual(env_name) -> bool                             whether the observations are images (else: states).
 Family modules import their optional packages lazily (`envs.common.require`), so, for example, OGBench works
 without robosuite or h5py. This module adds what all families share: the wrappers, action clipping and seeding.
 """
@@ -45,6 +47,12 @@ def get_env_family(env_name):
             return name
     families = ', '.join(FAMILIES)
     raise EnvError(f'unknown environment {env_name!r}; supported families ({families}), e.g. {FAMILY_EXAMPLES}')
+
+
+def observes_pixels(env_name):
+    """Whether the observations of `env_name` (a name `get_env_family` accepts) are images."""
+    module = FAMILIES[get_env_family(env_name)]
+    return bool(getattr(module, 'is_visual', lambda name: False)(env_name))
 
 
 @dataclasses.dataclass(frozen=True)

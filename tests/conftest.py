@@ -54,6 +54,12 @@ if MODEL_CACHE_ENV not in os.environ:
     os.environ[MODEL_CACHE_ENV] = models
 
 
+@pytest.fixture
+def no_wandb(monkeypatch):
+    """Runs trained in the test process log nothing to wandb (`pytestmark = pytest.mark.usefixtures('no_wandb')`)."""
+    monkeypatch.setenv('WANDB_MODE', 'disabled')
+
+
 @pytest.fixture(scope='session')
 def data_dir(tmp_path_factory):
     """A small generated cube-single dataset (3 episodes of 61 steps), shared by the driver tests."""

@@ -102,6 +102,15 @@ def tiny_acfql_config(horizon_length=3, **overrides):
     return config
 
 
+# A tiny main.py run on the generated cube-single data: 16x16 networks, chunks of 2, one evaluation episode; the
+# tests add its lengths and intervals.
+TINY_CUBE_RUN = (
+    '--env_name=cube-single-play-singletask-task2-v0', '--agent.actor_hidden_dims=(16,16)',
+    '--agent.value_hidden_dims=(16,16)', '--agent.batch_size=8', '--agent.flow_steps=2',
+    '--agent.actor_num_samples=2', '--eval_episodes=1', '--eval_envs=1', '--horizon_length=2', '--fused_steps=2',
+)  # fmt: skip
+
+
 def subprocess_env():
     """Environment for driver subprocesses: CPU JAX, no wandb, the repo importable, and the OpenGL backend the
     drivers would choose here (probed once per test session; robosuite, imported by some tests, leaves

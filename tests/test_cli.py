@@ -67,8 +67,18 @@ REFUSALS = [
     ('main.py', ['--env_name=cube-single-play-singletask-task9-v0'],
      'cube-single has tasks 1-5 (e.g. cube-single-play-singletask-task1-v0)'),
     ('main.py', ['--envname=x'], "Unknown command line flag 'envname'. Did you mean: env_name ?"),
+    ('main.py', ['sparse=True'], "unexpected argument 'sparse=True': settings are --name=value"),
+    ('main_online.py', ['--', '--sparse=True'], "unexpected argument '--sparse=True': settings are --name=value"),
+    ('main.py', ['--agent.encoder=impala_small'],
+     f'--agent.encoder=impala_small is an image encoder, and {TASK} observes states'),
+    ('main.py', ['--env_name=visual-cube-single-play-singletask-task1-v0'],
+     'visual-cube-single-play-singletask-task1-v0 observes images, which the agent reads through an image encoder; '
+     'give one: --agent.encoder=impala'),
+    ('main_online.py', ['--env_name=visual-cube-single-play-singletask-task1-v0'], 'acrlpd has no encoder key'),
+    ('main.py', ['--p_aug=0.5'], f'--p_aug=0.5 crops images, and {TASK} observes states'),
 ]  # fmt: skip
-IDS = ['key', 'key-online', 'file', 'batch', 'width', 'flow-steps', 'actor-type', 'tau', 'type', 'task', 'flag']
+IDS = ['key', 'key-online', 'file', 'batch', 'width', 'flow-steps', 'actor-type', 'tau', 'type', 'task', 'flag',
+       'positional', 'after-dashes', 'encoder-on-states', 'pixels-without-encoder', 'pixels-online', 'crops-on-states']
 
 
 @pytest.mark.parametrize('driver, args, message', REFUSALS, ids=IDS)

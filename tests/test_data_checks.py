@@ -31,9 +31,7 @@ TINY = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def no_wandb(monkeypatch):
-    monkeypatch.setenv('WANDB_MODE', 'disabled')
+pytestmark = pytest.mark.usefixtures('no_wandb')
 
 
 def error_lines(err):

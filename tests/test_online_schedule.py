@@ -24,9 +24,7 @@ TINY = [
 ]  # fmt: skip
 
 
-@pytest.fixture(autouse=True)
-def no_wandb(monkeypatch):
-    monkeypatch.setenv('WANDB_MODE', 'disabled')
+pytestmark = pytest.mark.usefixtures('no_wandb')
 
 
 def counting(monkeypatch, name):

@@ -15,6 +15,7 @@ from helpers import ROOT, parse_run, read_csv, refusal_in_process, run_driver, s
 import main
 from agents import agents
 from training import Trainer
+from utils import run_lock
 from utils.checkpoints import read_checkpoint_file
 from utils.errors import UsageError
 
@@ -100,6 +101,7 @@ def test_sigkill_then_resume_reproduces_the_uninterrupted_run(data_dir, tmp_path
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert proc.returncode == -signal.SIGKILL, 'the run ended before it was killed'
+    assert run_lock.read_holder(killed_dir)['pid'] == proc.pid  # the dead holder's record stays; it blocks nothing
 
     # A newer but truncated checkpoint (as a crash during a write could leave) must be skipped in favour of the last
     # complete one.

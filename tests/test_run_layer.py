@@ -9,7 +9,7 @@ import shutil
 import numpy as np
 import pytest
 from absl import flags
-from helpers import ROOT, parse_run, read_csv, tagged_dataset
+from helpers import ROOT, TINY_CUBE_RUN, parse_run, read_csv, tagged_dataset
 
 import main
 from agents import agents
@@ -25,17 +25,12 @@ from utils.errors import UsageError
 
 TIME_COLUMNS = ('time/total', 'episode.duration')  # wall-clock values
 RUN = [
-    '--env_name=cube-single-play-singletask-task2-v0', '--agent.actor_hidden_dims=(16,16)',
-    '--agent.value_hidden_dims=(16,16)', '--agent.batch_size=8', '--agent.flow_steps=2',
-    '--agent.actor_num_samples=2', '--eval_episodes=1', '--eval_envs=1', '--horizon_length=2', '--fused_steps=2',
-    '--offline_steps=4', '--online_steps=4', '--log_interval=2', '--eval_interval=4', '--buffer_size=100',
-    '--start_training=2',
+    *TINY_CUBE_RUN, '--offline_steps=4', '--online_steps=4', '--log_interval=2', '--eval_interval=4',
+    '--buffer_size=100', '--start_training=2',
 ]  # fmt: skip
 
 
-@pytest.fixture(autouse=True)
-def no_wandb(monkeypatch):
-    monkeypatch.setenv('WANDB_MODE', 'disabled')
+pytestmark = pytest.mark.usefixtures('no_wandb')
 
 
 def trainer_for(cube_dir, save_dir, *extra):

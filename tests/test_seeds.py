@@ -40,9 +40,7 @@ OFFLINE = ['--offline_steps=6', '--online_steps=0', '--fused_steps=3', '--log_in
            '--save_interval=6']  # fmt: skip
 
 
-@pytest.fixture(autouse=True)
-def no_wandb(monkeypatch):
-    monkeypatch.setenv('WANDB_MODE', 'disabled')
+pytestmark = pytest.mark.usefixtures('no_wandb')
 
 
 def train(cube_dir, save_dir, agent, *args):

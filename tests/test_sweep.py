@@ -15,9 +15,11 @@ import numpy as np
 import pytest
 from helpers import ROOT, fake_run, read_csv, subprocess_env
 
+from analysis import run_files
 from sweeps import jobs, launch, presets, report, spec
 from training import paper_settings
 from training.paper_settings import domain_flags
+from utils import run_lock
 from utils.checkpoints import checkpoint_steps
 from utils.errors import UserError
 
@@ -356,6 +358,9 @@ def test_slurm_sweep_survives_a_preemption(data_dir, tmp_path, slurm_cluster):
     assert all(' finished ' in line for line in lines[1:-1])
     log = open(os.path.join(sweep_dir, 'jobs', f'{unit_of[target.name]}.out')).read()
     assert 'Resuming ' in log, log  # The requeued job continued from the checkpoint.
+    starts = run_files.read_starts(run_dir)  # the first start, and the requeued job's resume after the preemption
+    assert len(starts) >= 2 and starts[0]['step'] == 0 and starts[-1]['step'] > 0, starts
+    assert run_lock.read_holder(run_dir) is None  # the preempted job let go of the run, and so did the requeued one
     for name in ('offline_agent.csv', 'eval.csv'):
         steps = [int(row['step']) for row in read_csv(os.path.join(run_dir, name))]
         assert steps == sorted(set(steps)), f'{name} has repeated or unordered rows: {steps}'

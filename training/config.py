@@ -12,6 +12,7 @@ import dataclasses
 import difflib
 import importlib.util
 import inspect
+import json
 import os
 import re
 import sys
@@ -49,8 +50,10 @@ HELP_ARGS = ('-h', '--help', '--helpshort', '-?')
 @dataclasses.dataclass(frozen=True)
 class Preset:
     """What tells the drivers apart: defaults, whether there is an offline phase, where online batches come from.
+    A resumed run must have the preset it was started with (`resume_conflicts`).
 
     Attributes:
+        driver: The driver script (`main.py`), as `flags.json` names it.
         agent_file: Default `--agent` config file.
         buffer_size: Default `--buffer_size`.
         offline: Whether the run has an offline phase (and the settings of phase 'offline').
@@ -60,6 +63,7 @@ class Preset:
             the online phase takes uniform random actions until `start_training`.
     """
 
+    driver: str
     agent_file: str
     buffer_size: int
     offline: bool
@@ -67,18 +71,29 @@ class Preset:
     replay_starts_with_data: bool
 
 
-def setting(default, help, kind=None, minimum=None, maximum=None, above=None, phase=None, flag_default=None):
+# What a setting is to a resumed run (`resume_conflicts`): DEFINES the run (a resume with another value is refused),
+# MAY_CHANGE between starts of one run (each start's changes are recorded), or NAMES where the run directory is.
+# LOCATION: a folder that may move between starts, while whether it is given at all defines the run.
+DEFINES, MAY_CHANGE, LOCATION, NAMES = 'defines', 'may change', 'location', 'names'
+# Settings that may change only while the phase they count has not ended (`resume_conflicts`).
+LENGTHS = ('offline_steps', 'online_steps')
+
+
+def setting(default, help, resume, kind=None, minimum=None, maximum=None, above=None, phase=None, flag_default=None):
     """One run setting: a dataclass field whose metadata `define_flags` and `validate` read.
 
     Args:
         default: The value of a run that does not set it (a driver without an offline phase runs no offline steps).
         help: The flag's help text.
+        resume: DEFINES, MAY_CHANGE, LOCATION or NAMES: what the setting is to a resumed run.
         kind: The flag type (int, float, str, bool, list); by default the type of `default`.
         minimum, maximum: Inclusive bounds; `above`: an exclusive lower bound. An unset (None) value passes.
         phase: 'offline' for a setting that only drivers with an offline phase define.
         flag_default: A function of the `Preset` that gives the flag's default where it depends on the driver.
     """
-    meta = dict(help=help, kind=kind or type(default), minimum=minimum, maximum=maximum, above=above, phase=phase)
+    assert resume in (DEFINES, MAY_CHANGE, LOCATION, NAMES), resume
+    meta = dict(help=help, kind=kind or type(default), minimum=minimum, maximum=maximum, above=above, phase=phase,
+                resume=resume)  # fmt: skip
     meta['flag_default'] = default if flag_default is None else flag_default
     return dataclasses.field(default=default, metadata=meta)
 
@@ -87,65 +102,73 @@ def setting(default, help, kind=None, minimum=None, maximum=None, above=None, ph
 class RunConfig:
     """Every run setting, typed and validated; field metadata holds each flag's help text and bounds."""
 
-    run_group: str = setting('Debug', 'Run group (folder under save_dir and wandb group).')
+    run_group: str = setting('Debug', 'Run group (folder under save_dir and wandb group).', resume=NAMES)
     seeds: tuple = setting((0,), 'Seeds trained in this process as one vmapped program, e.g. 0,1,2,3; each seed gets '
-                           'its own run directory, as if run alone with --seed=s (--seed=s is --seeds=s).', kind=list)
+                           'its own run directory, as if run alone with --seed=s (--seed=s is --seeds=s).', kind=list,
+                           resume=DEFINES)
     env_workers: int = setting(-1, 'Worker processes that hold the training environments, and with --seeds the other '
                                'seeds\' evaluation copies, dealt round-robin: a worker steps through each action '
                                'chunk as soon as it is sampled, while this process trains, and the seeds\' '
                                'environments step side by side (0: every environment in this process; -1: none for '
                                'one seed, else one per seed, at most one per CPU core). Results do not depend on '
-                               'it.', minimum=-1)
+                               'it.', minimum=-1, resume=MAY_CHANGE)
     seeds_per_vmap: int = setting(0, 'With --seeds: seeds vmapped together, the others loop inside the same compiled '
-                                  'call (0: all seeds on a GPU/TPU, 1 on a CPU).', minimum=0)
-    env_name: str = setting('cube-triple-play-singletask-task2-v0', 'Environment (and dataset) name.')
-    save_dir: str = setting('exp/', 'Where run directories are created.')
-    dataset_dir: str | None = setting(None, 'Dataset location (default per family, e.g. ~/.ogbench/data).', kind=str)
-    offline_steps: int = setting(1000000, 'Offline gradient steps.', minimum=0, phase='offline')
+                                  'call (0: all seeds on a GPU/TPU, 1 on a CPU).', minimum=0, resume=MAY_CHANGE)
+    env_name: str = setting('cube-triple-play-singletask-task2-v0', 'Environment (and dataset) name.', resume=DEFINES)
+    save_dir: str = setting('exp/', 'Where run directories are created.', resume=NAMES)
+    dataset_dir: str | None = setting(None, 'Dataset location (default per family, e.g. ~/.ogbench/data).', kind=str,
+                                      resume=MAY_CHANGE)  # a location: the same data, moved
+    offline_steps: int = setting(1000000, 'Offline gradient steps.', minimum=0, phase='offline', resume=MAY_CHANGE)
     fused_steps: int = setting(100, 'Offline updates per compiled call (1: one call per update).', minimum=1,
-                               phase='offline')
-    online_steps: int = setting(1000000, 'Online environment steps.', minimum=0)
+                               phase='offline', resume=MAY_CHANGE)
+    online_steps: int = setting(1000000, 'Online environment steps.', minimum=0, resume=MAY_CHANGE)
     buffer_size: int = setting(1000000, 'Replay buffer capacity.', minimum=1,
-                               flag_default=lambda preset: preset.buffer_size)
-    log_interval: int = setting(5000, 'Steps between training-metric logs.', minimum=1)
-    eval_interval: int = setting(100000, 'Steps between evaluations (0: only at the end of each phase).', minimum=0)
-    save_interval: int = setting(-1, 'Steps between checkpoints (<= 0: none).')
-    start_training: int = setting(5000, 'Online step from which the agent is updated.', minimum=0)
-    utd_ratio: int = setting(1, 'Updates per online environment step, each on its own batch.', minimum=1)
+                               flag_default=lambda preset: preset.buffer_size, resume=DEFINES)
+    log_interval: int = setting(5000, 'Steps between training-metric logs.', minimum=1, resume=MAY_CHANGE)
+    eval_interval: int = setting(100000, 'Steps between evaluations (0: only at the end of each phase).', minimum=0,
+                                 resume=MAY_CHANGE)
+    save_interval: int = setting(-1, 'Steps between checkpoints (<= 0: none).', resume=MAY_CHANGE)
+    start_training: int = setting(5000, 'Online step from which the agent is updated.', minimum=0, resume=DEFINES)
+    utd_ratio: int = setting(1, 'Updates per online environment step, each on its own batch.', minimum=1,
+                             resume=DEFINES)
     fuse_online_updates: bool = setting(True, 'Hold the online updates of a chunk\'s steps and run them as one '
                                         'compiled call (sooner when the agents are read: a policy query, log, '
                                         'evaluation, checkpoint): the same updates in the same order (False: one call '
-                                        'per step, as the reference).')
+                                        'per step, as the reference).', resume=MAY_CHANGE)
     device_replay: bool = setting(True, 'Keep the dataset and the replay buffers in device memory and gather the '
                                   'online batches inside the update from indices drawn on the host: the same batches, '
                                   'a few kilobytes moved per step (state observations; pixels, frame stacking, '
-                                  'augmentation and dataset shards sample on the host).')
-    eval_episodes: int = setting(EVAL_EPISODES, 'Evaluation episodes.', minimum=0)
-    video_episodes: int = setting(0, 'Rendered evaluation episodes.', minimum=0)
-    video_frame_skip: int = setting(3, 'Keep one rendered frame every this many steps.', minimum=1)
-    eval_envs: int = setting(10, 'Environment copies stepped in lockstep during evaluation (1: sequential).', minimum=1)
+                                  'augmentation and dataset shards sample on the host).', resume=MAY_CHANGE)
+    eval_episodes: int = setting(EVAL_EPISODES, 'Evaluation episodes.', minimum=0, resume=MAY_CHANGE)
+    video_episodes: int = setting(0, 'Rendered evaluation episodes.', minimum=0, resume=MAY_CHANGE)
+    video_frame_skip: int = setting(3, 'Keep one rendered frame every this many steps.', minimum=1, resume=MAY_CHANGE)
+    eval_envs: int = setting(10, 'Environment copies stepped in lockstep during evaluation (1: sequential).', minimum=1,
+                             resume=MAY_CHANGE)
     dataset_proportion: float = setting(1.0, 'Fraction of the offline dataset to use (its first transitions).',
-                                        above=0.0, maximum=1.0)
+                                        above=0.0, maximum=1.0, resume=DEFINES)
     dataset_replace_interval: int = setting(1000, 'Steps between dataset shards (offline updates, and online steps '
-                                            'where batches draw offline data).', minimum=0)
+                                            'where batches draw offline data).', minimum=0, resume=DEFINES)
     ogbench_dataset_dir: str | None = setting(None, 'Folder of OGBench dataset shards (*.npz) to cycle through.',
-                                              kind=str)
-    sparse: bool = setting(False, 'Sparse rewards: -1 on every non-success step (scene, puzzle).')
+                                              kind=str, resume=LOCATION)
+    sparse: bool = setting(False, 'Sparse rewards: -1 on every non-success step (scene, puzzle).', resume=DEFINES)
     frame_stack: int | None = setting(None, 'Observations stacked on the last axis (pixel runs; None: no stacking).',
-                                      kind=int, minimum=1)
+                                      kind=int, minimum=1, resume=DEFINES)
     p_aug: float | None = setting(None, 'Probability of a random-crop augmentation of image batches (None: none).',
-                                  kind=float, minimum=0.0, maximum=1.0)
-    save_all_online_states: bool = setting(False, 'Save qpos/qvel (and button states) of every online step.')
+                                  kind=float, minimum=0.0, maximum=1.0, resume=DEFINES)
+    save_all_online_states: bool = setting(False, 'Save qpos/qvel (and button states) of every online step.',
+                                           resume=MAY_CHANGE)
     exp_name: str | None = setting(None, 'Run directory name under save_dir/run_group (default: a unique name).',
-                                   kind=str)
-    resume: bool = setting(False, 'Continue the run --exp_name from its latest checkpoint (fresh start if none).')
-    keep_checkpoints: int = setting(3, 'Full training checkpoints kept in <run_dir>/checkpoints.', minimum=1)
+                                   kind=str, resume=NAMES)
+    resume: bool = setting(False, 'Continue the run --exp_name from its latest checkpoint (fresh start if none); the '
+                           'settings that define the run must be those it was started with.', resume=NAMES)
+    keep_checkpoints: int = setting(3, 'Full training checkpoints kept in <run_dir>/checkpoints.', minimum=1,
+                                    resume=MAY_CHANGE)
     max_runtime: float = setting(0.0, 'Seconds after which the run checkpoints and exits cleanly (0: no limit).',
-                                 minimum=0.0)
+                                 minimum=0.0, resume=MAY_CHANGE)
     compilation_cache_dir: str | None = setting(
         None, 'Persistent XLA compilation cache, shared by runs with the same shapes (a sweep, a requeued job) so that '
         'they load their compiled programs instead of compiling them again; safe for concurrent processes. Default: '
-        '$JAX_COMPILATION_CACHE_DIR, else ~/.cache/qc-jax/xla; "none": off.', kind=str)
+        '$JAX_COMPILATION_CACHE_DIR, else ~/.cache/qc-jax/xla; "none": off.', kind=str, resume=MAY_CHANGE)
     preset: Preset = None  # The driver's preset.
     agent: Any = None  # The agent ConfigDict; holds horizon_length and discount.
 
@@ -181,14 +204,15 @@ class RunConfig:
 
     @property
     def flag_record(self):
-        """What `flags.json` records: every setting by its flag name (`seed` for one seed, `seeds` for several) and
-        the resolved agent config under `agent`."""
+        """What `flags.json` records: every setting by its flag name (`seed` for one seed, `seeds` for several),
+        the resolved agent config under `agent` and the driver's preset under `preset`."""
         record = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.metadata and f.name != 'seeds'}
         if self.num_seeds == 1:
             record['seed'] = self.seed
         else:
             record['seeds'] = list(self.seeds)
         record['agent'] = self.agent.to_dict()
+        record['preset'] = dataclasses.asdict(self.preset)
         return record
 
     def for_seed(self, seed):
@@ -307,6 +331,22 @@ def check_agent_config(config):
     check_config(config, module.CONFIG_RULES, where)
 
 
+def _check_observations(run, pixels):
+    """Refuses settings that need the other kind of observations than the task's (images or states)."""
+    from utils.encoders import encoder_modules
+
+    encoder = run.agent.get('encoder')
+    if encoder is not None and not pixels:
+        raise UsageError(f'--agent.encoder={encoder} is an image encoder, and {run.env_name} observes states; leave '
+                         '--agent.encoder unset, or train on a visual- task')  # fmt: skip
+    if pixels and encoder is None:
+        given = ', '.join(f'--agent.encoder={name}' for name in encoder_modules)
+        how = f'give one: {given}' if 'encoder' in run.agent else f'{run.agent.get("agent_name")} has no encoder key'
+        raise UsageError(f'{run.env_name} observes images, which the agent reads through an image encoder; {how}')
+    if run.p_aug is not None and not pixels:
+        raise UsageError(f'--p_aug={run.p_aug} crops images, and {run.env_name} observes states; leave --p_aug unset')
+
+
 def validate(run):
     """Returns `run` when every setting is usable; raises `UsageError` with one actionable line otherwise."""
     for field in dataclasses.fields(run):
@@ -326,9 +366,10 @@ def validate(run):
         if path is not None and not os.path.isdir(path):
             raise UsageError(f'--{name} {path} is not a directory')
     check_agent_config(run.agent)
-    from envs.env_utils import get_env_family
+    from envs.env_utils import get_env_family, observes_pixels
 
     get_env_family(run.env_name)  # An unknown environment or task is refused before anything loads.
+    _check_observations(run, observes_pixels(run.env_name))
     replay_share = 1.0 - run.preset.online_data_fraction
     if run.online_steps > 0 and replay_share > 0 and not run.preset.replay_starts_with_data:
         if run.start_training < horizon:
@@ -337,6 +378,82 @@ def validate(run):
                 'replay buffer holds a full chunk before the first update'
             )
     return run
+
+
+# What a resumed run may change.
+
+
+def comparable(value):
+    """`value` as `flags.json` holds it (tuples as lists, and so on), so that a record and a run compare alike."""
+    return json.loads(json.dumps(value, default=str))
+
+
+def _shown(value):
+    if isinstance(value, list):
+        return '(' + ','.join(map(_shown, value)) + ')'
+    return str(value)
+
+
+def _agent_defaults(config):
+    """The `get_config()` of the agent `config` names ({} for an agent outside the registry)."""
+    from agents import agents
+
+    name = config.get('agent_name')
+    return sys.modules[agents[name].__module__].get_config().to_dict() if name in agents else {}
+
+
+def resume_conflicts(record, run):
+    """What keeps the single-seed `run` from resuming the run recorded in `record` (its effective `flags.json`,
+    `analysis.run_files.read_flags`): one phrase per setting that DEFINES the run and differs (every agent key, the
+    seed, the driver) and per LOCATION given on one side only ([] when it may resume). A setting the record lacks
+    (added to the code after the run started) counts as its default."""
+    now = comparable(run.flag_record)
+    conflicts = []
+
+    def differs(flag, recorded, given):
+        if recorded != given:
+            conflicts.append(f'{flag}={_shown(recorded)} (now {_shown(given)})')
+
+    for field in dataclasses.fields(RunConfig):
+        meta = field.metadata
+        if not meta or meta['resume'] not in (DEFINES, LOCATION):
+            continue
+        if field.name == 'seeds':  # one seed's run: its record names the seed
+            differs('--seed', record.get('seed', 0), now['seed'])
+            continue
+        default = meta['flag_default'](run.preset) if callable(meta['flag_default']) else meta['flag_default']
+        recorded, given = record.get(field.name, comparable(default)), now[field.name]
+        if meta['resume'] == DEFINES or (recorded is None) != (given is None):  # a LOCATION may move
+            differs(f'--{field.name}', recorded, given)
+    agent_record, defaults = record.get('agent', {}), comparable(_agent_defaults(run.agent))
+    for key in dict.fromkeys([*agent_record, *now['agent']]):
+        given = now['agent'].get(key, '<no such setting>')
+        flag = f'--{key}' if key in AGENT_ALIASES else f'--agent.{key}'  # as the command line spells it
+        differs(flag, agent_record.get(key, defaults.get(key, '<not recorded>')), given)
+    recorded_preset = record.get('preset')
+    if recorded_preset is not None and recorded_preset.get('driver') != run.preset.driver:
+        conflicts.append(f'the driver {recorded_preset.get("driver")} (now {run.preset.driver})')
+    elif recorded_preset is not None:
+        for key, given in now['preset'].items():
+            differs(f'the preset\'s {key}', recorded_preset.get(key), given)
+    return conflicts
+
+
+def length_conflicts(record, run, done_step):
+    """What keeps the single-seed `run` from resuming the run recorded in `record` at log step `done_step` (its
+    checkpoint's): a phase length below the steps done, or an offline length changed after that phase ended."""
+    conflicts = []
+    offline_end = int(record.get('offline_steps') or 0)
+    if done_step <= offline_end:
+        if run.offline_steps < done_step:
+            conflicts.append(f'--offline_steps={run.offline_steps} is below the {done_step} offline steps done')
+    else:
+        if run.offline_steps != offline_end:
+            conflicts.append(f'--offline_steps={offline_end} (now {run.offline_steps}; the offline phase has ended)')
+        if run.online_steps < done_step - offline_end:
+            conflicts.append(f'--online_steps={run.online_steps} is below the {done_step - offline_end} online steps '
+                             'done')  # fmt: skip
+    return conflicts
 
 
 # `--help` and the checks of the command line that run before absl parses it.
@@ -455,9 +572,12 @@ def flags_parser(preset, summary, flag_values=flags.FLAGS):
             check_agent_args(argv, preset)  # before the config flag reads its overrides from the command line
             define_flags(preset, flag_values)
             try:
-                return flag_values(argv)
+                remaining = flag_values(argv)
             except flags.Error as e:
                 raise UsageError(' '.join(str(e).split())) from e
+            if len(remaining) > 1:  # absl hands words that are not flags (or follow `--`) to main, which ignores them
+                raise UsageError(f'unexpected argument {remaining[1]!r}: settings are --name=value (see --help)')
+            return remaining
         except UserError as e:
             print(f'{e.prefix}{e}', file=sys.stderr, flush=True)
             sys.exit(e.exit_code)

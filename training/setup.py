@@ -15,12 +15,13 @@ from envs.common import RENDERING_HINT, DataError, describe_error
 from envs.env_utils import make_run_envs, seed_env_list
 from envs.gl_backend import rendering_disabled_reason
 from envs.workers import WorkerPool, aborted_on_error
-from log_utils import Loggers, get_exp_name, save_flags, setup_wandb
+from log_utils import Loggers, get_exp_name, setup_wandb
+from training import run_dirs
 from training.data import process_run_dataset, replay_capacity
 from training.lanes import Lane, map_lanes, thread_pool
 from training.seeds import SeedGroup
 from utils import seeding
-from utils.checkpoints import check_disk_space, checkpoint_steps
+from utils.checkpoints import check_disk_space
 from utils.errors import UsageError
 from utils.guards import check_dataset_matches_env
 
@@ -55,16 +56,6 @@ def check_writable(path):
         os.rmdir(tempfile.mkdtemp(prefix='.qc-write-check-', dir=existing))
     except OSError as e:
         raise UsageError(f'cannot create or write {path} ({existing}: {e.strerror}); choose another --save_dir') from e
-
-
-def make_run_dir(run_dir):
-    """Creates `run_dir`; refuses an unwritable location."""
-    try:
-        os.makedirs(run_dir, exist_ok=True)
-    except OSError as e:
-        raise UsageError(f'cannot create the run directory {run_dir} ({e.strerror}); choose another --save_dir') from e
-    if not os.access(run_dir, os.W_OK):
-        raise UsageError(f'the run directory {run_dir} is not writable; choose another --save_dir')
 
 
 def seed_exp_names(run):
@@ -121,13 +112,8 @@ def build_lanes(run):
     check_writable(group_dir)  # Fails early on an unwritable save_dir; nothing is created before the checks.
     base, names = seed_exp_names(run)
     run = dataclasses.replace(run, exp_name=base)  # The name a `--resume` continues.
-    if not run.resume:
-        for name in names:
-            if checkpoint_steps(os.path.join(group_dir, name, run_files.CHECKPOINT_DIR)):
-                raise UsageError(
-                    f'{os.path.join(group_dir, name)} already holds checkpoints; add --resume to continue it, '
-                    'or pick another --exp_name'
-                )
+    # Before anything loads: a directory in use, checkpoints without --resume, a resume with other settings.
+    run_dirs.check(run, [os.path.join(group_dir, name) for name in names])
     num_eval_envs = max(1, min(run.eval_envs, run.eval_episodes + run.video_episodes))
 
     def builder(seed, copies):
@@ -211,13 +197,13 @@ def check_disk(run, agents, lanes):
     check_disk_space(lanes[0].run_dir, (run.keep_checkpoints + 1) * per_seed * agents.num_seeds, 'checkpoints')
 
 
-def open_logs(lane, log_step, several):
-    """Opens a lane's logs at `log_step`, the step its run starts from: the run directory keeps only what an
-    uninterrupted run had written by then (`run_files.rewind`: a start from scratch keeps no rows), `flags.json`,
-    wandb (the same wandb run when resumed) and the CSV loggers."""
-    make_run_dir(lane.run_dir)
+def open_logs(lane, log_step, several, resumed):
+    """Opens a lane's logs at `log_step`, the step its run starts from (from a checkpoint when `resumed`): the run
+    directory keeps only what an uninterrupted run had written by then (`run_files.rewind`: a start from scratch
+    keeps no rows), the start is recorded (`run_dirs.record_start`), then wandb (the same wandb run when resumed)
+    and the CSV loggers."""
     run_files.rewind(lane.run_dir, log_step)
-    save_flags(lane.run_dir, lane.run.flag_record, filename=run_files.FLAGS_FILE)
+    run_dirs.record_start(lane.run_dir, lane.run, log_step, resumed)
     wandb_run = setup_wandb(
         project='qc', group=lane.run.run_group, name=lane.exp_name, config=lane.run.flag_record, dir=lane.run_dir,
         run_id=lane.wandb_id, several=several,

@@ -13,7 +13,7 @@ around their steps in `training.hooks`, checkpoints in `training.checkpointing`,
 """
 
 from envs.workers import aborted_on_error
-from training import checkpointing, loops, setup
+from training import checkpointing, loops, run_dirs, setup
 from training.hooks import Hooks
 from training.summary import CompileCounter, StartupClock
 
@@ -24,6 +24,7 @@ class Trainer:
 
     def __init__(self, run, agent_classes):
         self.startup = StartupClock()
+        self.locks = []  # What `run_dirs.claim` holds once the run directories are made.
         self.compiles = CompileCounter(setup.use_compilation_cache(run.compilation_cache_dir))
         self.run, self.lanes, self.workers = setup.build_lanes(run)
         with aborted_on_error(self.workers):  # A run refused here leaves no worker process behind.
@@ -35,12 +36,24 @@ class Trainer:
             if self.workers is not None:  # They built the other environments meanwhile; a failed build stops here.
                 self.workers.wait_ready()
                 self.startup.lap('worker envs')
-            # The run directories are made only once everything above was accepted.
+            # The run directories are made only once everything above was accepted, and this process holds them
+            # from then on (another one that starts on them meanwhile is refused).
             setup.check_disk(self.run, self.agents, self.lanes)
-            progress = checkpointing.resume(self.agents, self.lanes) if self.run.resume else checkpointing.Progress()
-            for lane in self.lanes:
-                setup.open_logs(lane, progress.log_step, several=self.run.num_seeds > 1)
-            self.hooks = Hooks(self.run, self.agents, self.lanes, progress, self.startup, self.compiles)
+            self.locks = run_dirs.claim(self.run, [lane.run_dir for lane in self.lanes])
+            try:
+                self.hooks = Hooks(self.run, self.agents, self.lanes, self._open(), self.startup, self.compiles)
+            except BaseException:
+                run_dirs.release(self.locks)
+                raise
+
+    def _open(self):
+        """The run's `Progress` (from its checkpoint with --resume), with every seed's logs opened there."""
+        progress = checkpointing.resume(self.agents, self.lanes) if self.run.resume else checkpointing.Progress()
+        if progress.resumed is not None:
+            run_dirs.check_lengths(self.run, [lane.run_dir for lane in self.lanes], progress.log_step)
+        for lane in self.lanes:
+            setup.open_logs(lane, progress.log_step, self.run.num_seeds > 1, resumed=progress.resumed is not None)
+        return progress
 
     @property
     def stop(self):
@@ -60,9 +73,10 @@ class Trainer:
             self.close()
 
     def close(self):
-        """Ends the environment worker processes (`--env_workers`), if any."""
+        """Ends the environment worker processes (`--env_workers`), if any, and lets go of the run directories."""
         if self.workers is not None:
             self.workers.close()
+        run_dirs.release(self.locks)
 
     def finish(self, quiet=False):
         """Closes the logs (see `Hooks.finish`)."""
