@@ -187,13 +187,15 @@ def get_exp_name(seed, env_name=None, run_group=None):
     return '_'.join(p for p in parts if p)
 
 
-def _jsonable(value):
+def jsonable(value):
+    """`value` with config dicts, tuples, sets and NumPy values turned into what JSON holds (anything else: its
+    `str`)."""
     if hasattr(value, 'to_dict') and callable(value.to_dict):  # ml_collections ConfigDict / FrozenConfigDict
         value = value.to_dict()
     if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
+        return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, list | tuple | set | frozenset):
-        return [_jsonable(v) for v in value]
+        return [jsonable(v) for v in value]
     if value is None or isinstance(value, str | bool | int | float):
         return value
     scalar = to_scalar(value)
@@ -222,14 +224,14 @@ def get_flag_dict(flag_values=None):
         head = name.split('.', 1)[0]
         if '.' in name and head in names:
             continue
-        result[name] = _jsonable(flag_values[name].value)
+        result[name] = jsonable(flag_values[name].value)
     return result
 
 
 def save_flags(run_dir, flag_dict, filename='flags.json'):
     """Writes `flag_dict` to `run_dir/flags.json` atomically; returns the path."""
     path = os.path.join(run_dir, filename)
-    atomic_write(path, lambda f: json.dump(_jsonable(flag_dict), f, indent=2, sort_keys=True))
+    atomic_write(path, lambda f: json.dump(jsonable(flag_dict), f, indent=2, sort_keys=True))
     return path
 
 
@@ -332,7 +334,7 @@ def setup_wandb(
     if dir is not None:
         os.makedirs(dir, exist_ok=True)
     kwargs = dict(
-        project=project, group=group, name=name, config=_jsonable(config or {}), dir=dir, entity=entity, tags=tags
+        project=project, group=group, name=name, config=jsonable(config or {}), dir=dir, entity=entity, tags=tags
     )
     if run_id is not None:
         kwargs.update(id=run_id, resume='allow')

@@ -17,6 +17,7 @@ from analysis import paper, run_files
 from sweeps import jobs
 from sweeps.spec import RUNS_DIR, Run, group_units
 from utils.errors import UserError
+from utils.run_lock import pid_alive
 
 STATES = ('pending', 'running', 'finished', 'failed')
 BOOTSTRAP_SAMPLES = 10000
@@ -42,16 +43,6 @@ def slurm_queue():
     return set(out.stdout.split()) if out.returncode == 0 else None
 
 
-def _pid_alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def unit_active(sweep_dir, unit_name, queue=None):
     """Whether the unit's process is queued or running now (its SLURM job still in the queue, or its local
     process alive); `queue` is `slurm_queue()` when the caller already asked."""
@@ -62,7 +53,7 @@ def unit_active(sweep_dir, unit_name, queue=None):
         queue = slurm_queue() if queue is None else queue
         return True if queue is None else state['job'] in queue
     if state.get('host') == socket.gethostname() and state.get('pid'):
-        return _pid_alive(state['pid'])
+        return pid_alive(state['pid'])
     return state['state'] == 'running'
 
 

@@ -74,7 +74,8 @@ REFUSALS = [
     ('main.py', ['--env_name=visual-cube-single-play-singletask-task1-v0'],
      'visual-cube-single-play-singletask-task1-v0 observes images, which the agent reads through an image encoder; '
      'give one: --agent.encoder=impala'),
-    ('main_online.py', ['--env_name=visual-cube-single-play-singletask-task1-v0'], 'acrlpd has no encoder key'),
+    ('main_online.py', ['--env_name=visual-cube-single-play-singletask-task1-v0'],
+     'acrlpd has no image encoder (no --agent.encoder setting)'),
     ('main.py', ['--p_aug=0.5'], f'--p_aug=0.5 crops images, and {TASK} observes states'),
 ]  # fmt: skip
 IDS = ['key', 'key-online', 'file', 'batch', 'width', 'flow-steps', 'actor-type', 'tau', 'type', 'task', 'flag',

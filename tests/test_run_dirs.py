@@ -163,15 +163,16 @@ def test_a_record_without_a_newer_setting_counts_it_as_its_default_and_locations
 
 def test_each_seed_of_a_several_seed_resume_is_checked_against_its_own_record(cube_dir, tmp_path):
     run = parse_run(main.PRESET, argv_for(cube_dir, tmp_path, '--seeds=0,1', '--resume'))
+    other = parse_run(main.PRESET, argv_for(cube_dir, tmp_path, '--seeds=0,1', '--resume', '--agent.discount=0.9'))
     dirs = [str(tmp_path / f'r1_sd{s}') for s in run.seeds]
     for seed, run_dir in zip(run.seeds, dirs, strict=True):
         os.makedirs(os.path.join(run_dir, run_files.CHECKPOINT_DIR))
         open(os.path.join(run_dir, run_files.CHECKPOINT_DIR, 'ckpt_000000000004.pkl'), 'w').close()
-        run_dirs.record_start(run_dir, run.for_seed(seed), 0, resumed=False)
+        run_dirs.record_start(run_dir, run.for_seed(seed), 0, resumed=False)  # each record names its own seed
     run_dirs.check(run, dirs)  # the same settings pass
-    changed = parse_run(main.PRESET, argv_for(cube_dir, tmp_path, '--seeds=0,1', '--resume', '--agent.discount=0.9'))
-    with pytest.raises(UsageError, match=r'r1_sd0 was started with other settings.*--discount=0.99 \(now 0.9\)'):
-        run_dirs.check(changed, dirs)
+    run_dirs.record_start(dirs[1], other.for_seed(1), 0, resumed=False)  # seed 1 alone was started otherwise
+    with pytest.raises(UsageError, match=r'r1_sd1 was started with other settings.*: --discount=0.9 \(now 0.99\)\.'):
+        run_dirs.check(run, dirs)
 
 
 # One writer at a time.
@@ -235,7 +236,8 @@ def test_without_shared_locks_a_holder_is_alive_by_its_pid_here_and_its_heartbea
     hold(host='node-b', pid=1, heartbeat=time.time() - run_lock.STALE_S - 1)
     run_lock.RunLock.acquire(run_dir).release()
     monkeypatch.setattr(run_lock.fcntl, 'flock', no_locks)
-    for record, alive in [(dict(pid=os.getppid()), True), (dict(pid=dead.pid), False),
+    # A second holder in this process is refused too.
+    for record, alive in [(dict(pid=os.getppid()), True), (dict(pid=os.getpid()), True), (dict(pid=dead.pid), False),
                           (dict(host='node-b'), True), (dict(host='node-b', heartbeat=0.0), False)]:  # fmt: skip
         hold(**record)
         if alive:

@@ -23,6 +23,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from evaluation import EVAL_EPISODES
+from log_utils import jsonable
 from training import paper_settings
 from utils.config_rules import check_config
 from utils.errors import UsageError, UserError
@@ -75,25 +76,23 @@ class Preset:
 # MAY_CHANGE between starts of one run (each start's changes are recorded), or NAMES where the run directory is.
 # LOCATION: a folder that may move between starts, while whether it is given at all defines the run.
 DEFINES, MAY_CHANGE, LOCATION, NAMES = 'defines', 'may change', 'location', 'names'
-# Settings that may change only while the phase they count has not ended (`resume_conflicts`).
-LENGTHS = ('offline_steps', 'online_steps')
 
 
-def setting(default, help, resume, kind=None, minimum=None, maximum=None, above=None, phase=None, flag_default=None):
+def setting(default, help, on_resume, kind=None, minimum=None, maximum=None, above=None, phase=None, flag_default=None):
     """One run setting: a dataclass field whose metadata `define_flags` and `validate` read.
 
     Args:
         default: The value of a run that does not set it (a driver without an offline phase runs no offline steps).
         help: The flag's help text.
-        resume: DEFINES, MAY_CHANGE, LOCATION or NAMES: what the setting is to a resumed run.
+        on_resume: DEFINES, MAY_CHANGE, LOCATION or NAMES: what the setting is to a resumed run.
         kind: The flag type (int, float, str, bool, list); by default the type of `default`.
         minimum, maximum: Inclusive bounds; `above`: an exclusive lower bound. An unset (None) value passes.
         phase: 'offline' for a setting that only drivers with an offline phase define.
         flag_default: A function of the `Preset` that gives the flag's default where it depends on the driver.
     """
-    assert resume in (DEFINES, MAY_CHANGE, LOCATION, NAMES), resume
+    assert on_resume in (DEFINES, MAY_CHANGE, LOCATION, NAMES), on_resume
     meta = dict(help=help, kind=kind or type(default), minimum=minimum, maximum=maximum, above=above, phase=phase,
-                resume=resume)  # fmt: skip
+                on_resume=on_resume)  # fmt: skip
     meta['flag_default'] = default if flag_default is None else flag_default
     return dataclasses.field(default=default, metadata=meta)
 
@@ -102,73 +101,75 @@ def setting(default, help, resume, kind=None, minimum=None, maximum=None, above=
 class RunConfig:
     """Every run setting, typed and validated; field metadata holds each flag's help text and bounds."""
 
-    run_group: str = setting('Debug', 'Run group (folder under save_dir and wandb group).', resume=NAMES)
+    run_group: str = setting('Debug', 'Run group (folder under save_dir and wandb group).', on_resume=NAMES)
     seeds: tuple = setting((0,), 'Seeds trained in this process as one vmapped program, e.g. 0,1,2,3; each seed gets '
                            'its own run directory, as if run alone with --seed=s (--seed=s is --seeds=s).', kind=list,
-                           resume=DEFINES)
+                           on_resume=DEFINES)
     env_workers: int = setting(-1, 'Worker processes that hold the training environments, and with --seeds the other '
                                'seeds\' evaluation copies, dealt round-robin: a worker steps through each action '
                                'chunk as soon as it is sampled, while this process trains, and the seeds\' '
                                'environments step side by side (0: every environment in this process; -1: none for '
                                'one seed, else one per seed, at most one per CPU core). Results do not depend on '
-                               'it.', minimum=-1, resume=MAY_CHANGE)
+                               'it.', minimum=-1, on_resume=MAY_CHANGE)
     seeds_per_vmap: int = setting(0, 'With --seeds: seeds vmapped together, the others loop inside the same compiled '
-                                  'call (0: all seeds on a GPU/TPU, 1 on a CPU).', minimum=0, resume=MAY_CHANGE)
-    env_name: str = setting('cube-triple-play-singletask-task2-v0', 'Environment (and dataset) name.', resume=DEFINES)
-    save_dir: str = setting('exp/', 'Where run directories are created.', resume=NAMES)
+                                  'call (0: all seeds on a GPU/TPU, 1 on a CPU).', minimum=0, on_resume=MAY_CHANGE)
+    env_name: str = setting('cube-triple-play-singletask-task2-v0', 'Environment (and dataset) name.',
+                            on_resume=DEFINES)
+    save_dir: str = setting('exp/', 'Where run directories are created.', on_resume=NAMES)
     dataset_dir: str | None = setting(None, 'Dataset location (default per family, e.g. ~/.ogbench/data).', kind=str,
-                                      resume=MAY_CHANGE)  # a location: the same data, moved
-    offline_steps: int = setting(1000000, 'Offline gradient steps.', minimum=0, phase='offline', resume=MAY_CHANGE)
+                                      on_resume=MAY_CHANGE)  # a location: the same data, moved
+    offline_steps: int = setting(1000000, 'Offline gradient steps.', minimum=0, phase='offline', on_resume=MAY_CHANGE)
     fused_steps: int = setting(100, 'Offline updates per compiled call (1: one call per update).', minimum=1,
-                               phase='offline', resume=MAY_CHANGE)
-    online_steps: int = setting(1000000, 'Online environment steps.', minimum=0, resume=MAY_CHANGE)
+                               phase='offline', on_resume=MAY_CHANGE)
+    online_steps: int = setting(1000000, 'Online environment steps.', minimum=0, on_resume=MAY_CHANGE)
     buffer_size: int = setting(1000000, 'Replay buffer capacity.', minimum=1,
-                               flag_default=lambda preset: preset.buffer_size, resume=DEFINES)
-    log_interval: int = setting(5000, 'Steps between training-metric logs.', minimum=1, resume=MAY_CHANGE)
+                               flag_default=lambda preset: preset.buffer_size, on_resume=DEFINES)
+    log_interval: int = setting(5000, 'Steps between training-metric logs.', minimum=1, on_resume=MAY_CHANGE)
     eval_interval: int = setting(100000, 'Steps between evaluations (0: only at the end of each phase).', minimum=0,
-                                 resume=MAY_CHANGE)
-    save_interval: int = setting(-1, 'Steps between checkpoints (<= 0: none).', resume=MAY_CHANGE)
-    start_training: int = setting(5000, 'Online step from which the agent is updated.', minimum=0, resume=DEFINES)
+                                 on_resume=MAY_CHANGE)
+    save_interval: int = setting(-1, 'Steps between checkpoints (<= 0: none).', on_resume=MAY_CHANGE)
+    start_training: int = setting(5000, 'Online step from which the agent is updated.', minimum=0, on_resume=DEFINES)
     utd_ratio: int = setting(1, 'Updates per online environment step, each on its own batch.', minimum=1,
-                             resume=DEFINES)
+                             on_resume=DEFINES)
     fuse_online_updates: bool = setting(True, 'Hold the online updates of a chunk\'s steps and run them as one '
                                         'compiled call (sooner when the agents are read: a policy query, log, '
                                         'evaluation, checkpoint): the same updates in the same order (False: one call '
-                                        'per step, as the reference).', resume=MAY_CHANGE)
+                                        'per step, as the reference).', on_resume=MAY_CHANGE)
     device_replay: bool = setting(True, 'Keep the dataset and the replay buffers in device memory and gather the '
                                   'online batches inside the update from indices drawn on the host: the same batches, '
                                   'a few kilobytes moved per step (state observations; pixels, frame stacking, '
-                                  'augmentation and dataset shards sample on the host).', resume=MAY_CHANGE)
-    eval_episodes: int = setting(EVAL_EPISODES, 'Evaluation episodes.', minimum=0, resume=MAY_CHANGE)
-    video_episodes: int = setting(0, 'Rendered evaluation episodes.', minimum=0, resume=MAY_CHANGE)
-    video_frame_skip: int = setting(3, 'Keep one rendered frame every this many steps.', minimum=1, resume=MAY_CHANGE)
+                                  'augmentation and dataset shards sample on the host).', on_resume=MAY_CHANGE)
+    eval_episodes: int = setting(EVAL_EPISODES, 'Evaluation episodes.', minimum=0, on_resume=MAY_CHANGE)
+    video_episodes: int = setting(0, 'Rendered evaluation episodes.', minimum=0, on_resume=MAY_CHANGE)
+    video_frame_skip: int = setting(3, 'Keep one rendered frame every this many steps.', minimum=1,
+                                    on_resume=MAY_CHANGE)
     eval_envs: int = setting(10, 'Environment copies stepped in lockstep during evaluation (1: sequential).', minimum=1,
-                             resume=MAY_CHANGE)
+                             on_resume=MAY_CHANGE)
     dataset_proportion: float = setting(1.0, 'Fraction of the offline dataset to use (its first transitions).',
-                                        above=0.0, maximum=1.0, resume=DEFINES)
+                                        above=0.0, maximum=1.0, on_resume=DEFINES)
     dataset_replace_interval: int = setting(1000, 'Steps between dataset shards (offline updates, and online steps '
-                                            'where batches draw offline data).', minimum=0, resume=DEFINES)
+                                            'where batches draw offline data).', minimum=0, on_resume=DEFINES)
     ogbench_dataset_dir: str | None = setting(None, 'Folder of OGBench dataset shards (*.npz) to cycle through.',
-                                              kind=str, resume=LOCATION)
-    sparse: bool = setting(False, 'Sparse rewards: -1 on every non-success step (scene, puzzle).', resume=DEFINES)
+                                              kind=str, on_resume=LOCATION)
+    sparse: bool = setting(False, 'Sparse rewards: -1 on every non-success step (scene, puzzle).', on_resume=DEFINES)
     frame_stack: int | None = setting(None, 'Observations stacked on the last axis (pixel runs; None: no stacking).',
-                                      kind=int, minimum=1, resume=DEFINES)
+                                      kind=int, minimum=1, on_resume=DEFINES)
     p_aug: float | None = setting(None, 'Probability of a random-crop augmentation of image batches (None: none).',
-                                  kind=float, minimum=0.0, maximum=1.0, resume=DEFINES)
+                                  kind=float, minimum=0.0, maximum=1.0, on_resume=DEFINES)
     save_all_online_states: bool = setting(False, 'Save qpos/qvel (and button states) of every online step.',
-                                           resume=MAY_CHANGE)
+                                           on_resume=MAY_CHANGE)
     exp_name: str | None = setting(None, 'Run directory name under save_dir/run_group (default: a unique name).',
-                                   kind=str, resume=NAMES)
+                                   kind=str, on_resume=NAMES)
     resume: bool = setting(False, 'Continue the run --exp_name from its latest checkpoint (fresh start if none); the '
-                           'settings that define the run must be those it was started with.', resume=NAMES)
+                           'settings that define the run must be those it was started with.', on_resume=NAMES)
     keep_checkpoints: int = setting(3, 'Full training checkpoints kept in <run_dir>/checkpoints.', minimum=1,
-                                    resume=MAY_CHANGE)
+                                    on_resume=MAY_CHANGE)
     max_runtime: float = setting(0.0, 'Seconds after which the run checkpoints and exits cleanly (0: no limit).',
-                                 minimum=0.0, resume=MAY_CHANGE)
+                                 minimum=0.0, on_resume=MAY_CHANGE)
     compilation_cache_dir: str | None = setting(
         None, 'Persistent XLA compilation cache, shared by runs with the same shapes (a sweep, a requeued job) so that '
         'they load their compiled programs instead of compiling them again; safe for concurrent processes. Default: '
-        '$JAX_COMPILATION_CACHE_DIR, else ~/.cache/qc-jax/xla; "none": off.', kind=str, resume=MAY_CHANGE)
+        '$JAX_COMPILATION_CACHE_DIR, else ~/.cache/qc-jax/xla; "none": off.', kind=str, on_resume=MAY_CHANGE)
     preset: Preset = None  # The driver's preset.
     agent: Any = None  # The agent ConfigDict; holds horizon_length and discount.
 
@@ -315,16 +316,22 @@ def _check_bounds(name, value, meta):
         raise UsageError(f'--{name} must be >= {low}, got {value}')
 
 
-def check_agent_config(config):
-    """Refuses an agent config whose values break the rules its agent file declares next to `get_config()`
-    (`CONFIG_RULES`). An `agent_name` outside the `agents` registry (a class handed to `Trainer` directly) is left
-    to `training.setup.create_agents`, which checks it against the classes the run was given."""
+def agent_module(config):
+    """The module of the registered agent `config` names (`config.agent_name`), or None outside the registry (a
+    class handed to `Trainer` directly)."""
     from agents import agents
 
     name = config.get('agent_name')
-    if name not in agents:
+    return sys.modules[agents[name].__module__] if name in agents else None
+
+
+def check_agent_config(config):
+    """Refuses an agent config whose values break the rules its agent file declares next to `get_config()`
+    (`CONFIG_RULES`). An `agent_name` outside the `agents` registry is left to `training.setup.create_agents`,
+    which checks it against the classes the run was given."""
+    module = agent_module(config)
+    if module is None:
         return
-    module = sys.modules[agents[name].__module__]
     where = os.path.relpath(module.__file__)
     if not hasattr(module, 'CONFIG_RULES'):
         raise UsageError(f'{where} declares no CONFIG_RULES next to get_config() (see utils/config_rules.py)')
@@ -340,9 +347,12 @@ def _check_observations(run, pixels):
         raise UsageError(f'--agent.encoder={encoder} is an image encoder, and {run.env_name} observes states; leave '
                          '--agent.encoder unset, or train on a visual- task')  # fmt: skip
     if pixels and encoder is None:
+        if 'encoder' not in run.agent:
+            raise UsageError(f'{run.env_name} observes images, and {run.agent.get("agent_name")} has no image encoder '
+                             '(no --agent.encoder setting); train it on a state task')  # fmt: skip
         given = ', '.join(f'--agent.encoder={name}' for name in encoder_modules)
-        how = f'give one: {given}' if 'encoder' in run.agent else f'{run.agent.get("agent_name")} has no encoder key'
-        raise UsageError(f'{run.env_name} observes images, which the agent reads through an image encoder; {how}')
+        raise UsageError(f'{run.env_name} observes images, which the agent reads through an image encoder; give one: '
+                         f'{given}')  # fmt: skip
     if run.p_aug is not None and not pixels:
         raise UsageError(f'--p_aug={run.p_aug} crops images, and {run.env_name} observes states; leave --p_aug unset')
 
@@ -384,22 +394,15 @@ def validate(run):
 
 
 def comparable(value):
-    """`value` as `flags.json` holds it (tuples as lists, and so on), so that a record and a run compare alike."""
-    return json.loads(json.dumps(value, default=str))
+    """`value` as `flags.json` holds it once read back (`log_utils.save_flags`), so that a record and a run compare
+    alike."""
+    return json.loads(json.dumps(jsonable(value)))
 
 
 def _shown(value):
     if isinstance(value, list):
         return '(' + ','.join(map(_shown, value)) + ')'
     return str(value)
-
-
-def _agent_defaults(config):
-    """The `get_config()` of the agent `config` names ({} for an agent outside the registry)."""
-    from agents import agents
-
-    name = config.get('agent_name')
-    return sys.modules[agents[name].__module__].get_config().to_dict() if name in agents else {}
 
 
 def resume_conflicts(record, run):
@@ -416,16 +419,17 @@ def resume_conflicts(record, run):
 
     for field in dataclasses.fields(RunConfig):
         meta = field.metadata
-        if not meta or meta['resume'] not in (DEFINES, LOCATION):
+        if not meta or meta['on_resume'] not in (DEFINES, LOCATION):
             continue
         if field.name == 'seeds':  # one seed's run: its record names the seed
             differs('--seed', record.get('seed', 0), now['seed'])
             continue
         default = meta['flag_default'](run.preset) if callable(meta['flag_default']) else meta['flag_default']
         recorded, given = record.get(field.name, comparable(default)), now[field.name]
-        if meta['resume'] == DEFINES or (recorded is None) != (given is None):  # a LOCATION may move
+        if meta['on_resume'] == DEFINES or (recorded is None) != (given is None):  # a LOCATION may move
             differs(f'--{field.name}', recorded, given)
-    agent_record, defaults = record.get('agent', {}), comparable(_agent_defaults(run.agent))
+    module = agent_module(run.agent)
+    agent_record, defaults = record.get('agent', {}), comparable(module.get_config() if module else {})
     for key in dict.fromkeys([*agent_record, *now['agent']]):
         given = now['agent'].get(key, '<no such setting>')
         flag = f'--{key}' if key in AGENT_ALIASES else f'--agent.{key}'  # as the command line spells it

@@ -9,20 +9,22 @@ and every start is recorded.
     record_start(...)        with the logs: `flags.json` on a first start, one entry of `starts.json` on every start
 """
 
+import dataclasses
 import os
 import socket
 import sys
 import time
 
 from analysis import run_files
+from log_utils import save_flags
 from training.config import LOCATION, MAY_CHANGE, RunConfig, comparable, length_conflicts, resume_conflicts
 from utils import run_lock
 from utils.checkpoints import checkpoint_steps
 from utils.errors import UsageError
 
 # The settings a start records when it changes them (the others define the run, or name its directory).
-RECORDED_CHANGES = tuple(f.name for f in RunConfig.__dataclass_fields__.values()
-                         if f.metadata and f.metadata['resume'] in (MAY_CHANGE, LOCATION))  # fmt: skip
+RECORDED_CHANGES = tuple(f.name for f in dataclasses.fields(RunConfig)
+                         if f.metadata and f.metadata['on_resume'] in (MAY_CHANGE, LOCATION))  # fmt: skip
 
 
 def make_run_dir(run_dir):
@@ -43,8 +45,9 @@ def check(run, run_dirs, held=False):
     """Refuses (one line each, exit status 2) what would make a directory of `run_dirs` (one per seed of `run`, in
     the order of its seeds) hold more than one run; see the module docstring. Writes nothing. `held`: this process
     holds the directories already."""
-    for run_dir in run_dirs if not held else ():
-        run_lock.check_free(run_dir)
+    if not held:
+        for run_dir in run_dirs:
+            run_lock.check_free(run_dir)
     steps = [_checkpoints(d) for d in run_dirs]
     if not run.resume:
         for run_dir, found in zip(run_dirs, steps, strict=True):
@@ -55,31 +58,26 @@ def check(run, run_dirs, held=False):
     for seed, run_dir, found in zip(run.seeds, run_dirs, steps, strict=True):
         # Without checkpoints there is nothing to continue: the run starts from scratch with its own settings (a
         # seed without them beside seeds with them is refused on loading); without flags.json, nothing to compare.
-        if found:
-            conflicts = _conflicts(run_dir, resume_conflicts, run.for_seed(seed))
-            if conflicts:
-                raise UsageError(
-                    f'{run_dir} was started with other settings, which a resume cannot change: {conflicts}. Resume '
-                    'with the recorded values, or start a new run with another --exp_name'
-                )
+        record = run_files.read_flags(run_dir) if found else {}
+        conflicts = resume_conflicts(record, run.for_seed(seed)) if record else []
+        if conflicts:
+            raise UsageError(
+                f'{run_dir} was started with other settings, which a resume cannot change: {"; ".join(conflicts)}. '
+                'Resume with the recorded values, or start a new run with another --exp_name'
+            )
 
 
 def check_lengths(run, run_dirs, done_step):
     """Refuses phase lengths that a resume from log step `done_step` (its checkpoint's) cannot take: below the steps
     done, or an offline phase that ended and would now be longer or shorter."""
     for seed, run_dir in zip(run.seeds, run_dirs, strict=True):
-        conflicts = _conflicts(run_dir, length_conflicts, run.for_seed(seed), done_step)
+        record = run_files.read_flags(run_dir)
+        conflicts = length_conflicts(record, run.for_seed(seed), done_step) if record else []
         if conflicts:
             raise UsageError(
-                f'{run_dir} cannot resume at step {done_step} with these phase lengths: {conflicts}. Give lengths '
-                'that reach past the steps done (the recorded offline length once that phase has ended)'
+                f'{run_dir} cannot resume at step {done_step} with these phase lengths: {"; ".join(conflicts)}. Give '
+                'lengths that reach past the steps done (the recorded offline length once that phase has ended)'
             )
-
-
-def _conflicts(run_dir, conflicts_of, *args):
-    """The phrases `conflicts_of(record, *args)` finds against the run's record, joined ('' without a record)."""
-    record = run_files.read_flags(run_dir)
-    return '; '.join(conflicts_of(record, *args)) if record else ''
 
 
 def claim(run, run_dirs):
@@ -110,8 +108,6 @@ def record_start(run_dir, run, step, resumed):
     entry = dict(time=time.time(), host=socket.gethostname(), pid=os.getpid(), argv=sys.argv, step=step, changed={})
     previous = run_files.read_flags(run_dir) if resumed else {}
     if not resumed or not previous:
-        from log_utils import save_flags
-
         save_flags(run_dir, record, filename=run_files.FLAGS_FILE)
         starts = []
     else:

@@ -52,12 +52,13 @@ def read_holder(run_dir):
     return record if isinstance(record, dict) and {'host', 'pid', 'since', 'heartbeat'} <= set(record) else None
 
 
-def _pid_alive(pid):
+def pid_alive(pid):
+    """Whether a process `pid` runs on this host (another user's counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:  # alive, another user's
+    except PermissionError:
         return True
     return True
 
@@ -69,7 +70,7 @@ def holder_alive(record, locks_work):
     if record is None:
         return False
     if record['host'] == socket.gethostname():
-        return not locks_work and record['pid'] != os.getpid() and _pid_alive(record['pid'])
+        return not locks_work and pid_alive(record['pid'])
     return time.time() - record['heartbeat'] < STALE_S
 
 
@@ -109,11 +110,9 @@ def _refuse_if_held(run_dir, fd):
 
 def check_free(run_dir):
     """Refuses (`RunDirLocked`) a run directory that a live process holds; writes nothing, creates nothing."""
-    if not os.path.exists(lock_path(run_dir)):
-        return
     try:
         fd = os.open(lock_path(run_dir), os.O_RDWR)  # NFS takes an exclusive lock only on a file open for writing
-    except OSError:  # gone meanwhile, or not writable (refused as such where the run writes)
+    except OSError:  # no lock file (never held), or not writable (refused as such where the run writes)
         return
     try:
         _refuse_if_held(run_dir, fd)
@@ -122,7 +121,7 @@ def check_free(run_dir):
 
 
 class RunLock:
-    """The hold of one run directory (see the module docstring); `acquire` makes the directory."""
+    """The hold of one run directory (see the module docstring)."""
 
     def __init__(self, run_dir, fd):
         self.run_dir = run_dir
@@ -135,8 +134,7 @@ class RunLock:
 
     @classmethod
     def acquire(cls, run_dir):
-        """The hold of `run_dir` (created if missing), or `RunDirLocked` naming the live holder."""
-        os.makedirs(run_dir, exist_ok=True)
+        """The hold of the existing directory `run_dir`, or `RunDirLocked` naming the live holder."""
         fd = os.open(lock_path(run_dir), os.O_RDWR | os.O_CREAT, 0o644)
         try:
             _refuse_if_held(run_dir, fd)
@@ -158,10 +156,6 @@ class RunLock:
                 self._write()
             except OSError:  # a file system hiccup: the next beat tries again
                 pass
-
-    @property
-    def held(self):
-        return self._fd is not None
 
     def release(self):
         """Empties the lock file and lets go (idempotent)."""
