@@ -5,11 +5,13 @@ TensorFlow Probability, about half a second of every ACFQL run's start otherwise
 """
 
 import importlib
+import sys
 from collections.abc import Mapping
 
 _CLASSES = dict(
     acfql=('agents.acfql', 'ACFQLAgent'),
     acrlpd=('agents.acrlpd', 'ACRLPDAgent'),
+    qam=('agents.qam', 'QAMAgent'),
 )
 
 
@@ -26,3 +28,10 @@ class _Registry(Mapping):
 
 
 agents = _Registry()
+
+
+def agent_module(config):
+    """The module of the registered agent `config` names (`config.agent_name`), or None outside the registry (a
+    class handed to `Trainer` directly)."""
+    name = config.get('agent_name')
+    return sys.modules[agents[name].__module__] if name in agents else None

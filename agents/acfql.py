@@ -17,10 +17,12 @@ import ml_collections
 from utils.config_rules import boolean, fraction, non_negative, one_of, optional, positive, widths
 from utils.encoders import encoder_modules
 from utils.flax_utils import ModuleDict, TrainState, adam, nonpytree_field, scan_updates, target_update
+from utils.flows import best_of_n, chunk_actions, euler_flow, flow_matching_pair
 from utils.networks import ActorVectorField, Value, aggregate_q, batched_examples
 
 ACTOR_TYPES = ('distill-ddpg', 'best-of-n')
 Q_AGGS = ('mean', 'min')
+BC_MASKS = ('step', 'chunk')
 
 
 class ACFQLAgent(flax.struct.PyTreeNode):
@@ -34,18 +36,13 @@ class ACFQLAgent(flax.struct.PyTreeNode):
     # driver warns when one is set.
     INERT_CONFIG_KEYS = ('normalize_q_loss',)
 
-    def _policy_actions(self, batch):
-        """Dataset actions as the policy sees them: the flat chunk (B, H * A), or the first action (B, A)."""
-        if self.config['action_chunking']:
-            return jnp.reshape(batch['actions'], (batch['actions'].shape[0], -1))
-        return batch['actions'][:, 0, :]
-
     def critic_loss(self, batch, grad_params, rng):
         """TD loss of Q(s, a_0:H) toward the H-step return bootstrapped with the target critic."""
-        actions = self._policy_actions(batch)  # (B, H * A) or (B, A)
+        actions = chunk_actions(batch['actions'], self.config['action_chunking'])  # (B, H * A) or (B, A)
         last_next_obs = batch['next_observations'][..., -1, :]
         next_actions = self.sample_actions(last_next_obs, rng=rng)
-        next_q = aggregate_q(self.network.select('target_critic')(last_next_obs, next_actions), self.config['q_agg'])
+        next_qs = self.network.select('target_critic')(last_next_obs, next_actions)  # (num_qs, B)
+        next_q = aggregate_q(next_qs, self.config['q_agg'], self.config['rho'])
         horizon = self.config['horizon_length']
         target_q = batch['rewards'][..., -1] + self.config['discount'] ** horizon * batch['masks'][..., -1] * next_q
 
@@ -60,22 +57,20 @@ class ACFQLAgent(flax.struct.PyTreeNode):
 
     def actor_loss(self, batch, grad_params, rng):
         """Flow-matching BC loss on dataset chunks; for distill-ddpg also the one-step distillation and Q losses."""
-        batch_size = batch['actions'].shape[0]
-        actions = self._policy_actions(batch)
+        actions = chunk_actions(batch['actions'], self.config['action_chunking'])  # (B, H * A) or (B, A)
         noise_rng, time_rng, distill_rng = jax.random.split(rng, 3)
 
-        x_0 = jax.random.normal(noise_rng, actions.shape)
-        x_1 = actions
-        t = jax.random.uniform(time_rng, (batch_size, 1))
-        x_t = (1 - t) * x_0 + t * x_1
-        vel = x_1 - x_0
+        x_t, t, vel = flow_matching_pair(noise_rng, time_rng, actions)
         pred = self.network.select('actor_bc_flow')(batch['observations'], x_t, t, params=grad_params)
-        if self.config['action_chunking']:
+        if not self.config['action_chunking']:
+            bc_flow_loss = jnp.mean(jnp.square(pred - vel))
+        elif self.config['bc_mask'] == 'step':
             # Steps after an episode end are not real actions of this episode: mask them out.
             sq_err = jnp.reshape(jnp.square(pred - vel), batch['actions'].shape)  # (B, H, A)
             bc_flow_loss = jnp.mean(sq_err * batch['valid'][..., None])
         else:
-            bc_flow_loss = jnp.mean(jnp.square(pred - vel))
+            # The QAM paper's FQL: a chunk that runs past an episode end is left out whole.
+            bc_flow_loss = jnp.mean(jnp.square(pred - vel).mean(axis=-1) * batch['valid'][..., -1])
 
         info = {'bc_flow_loss': bc_flow_loss}
         if self.config['actor_type'] == 'distill-ddpg':
@@ -138,12 +133,7 @@ class ACFQLAgent(flax.struct.PyTreeNode):
         """Integrates the BC flow from `noises` with `flow_steps` Euler steps; the result is clipped to [-1, 1]."""
         flow = self.network.select('actor_bc_flow')
         features = self.network.select('actor_bc_flow', method_name='encode')(observations)
-        actions = noises
-        num_steps = self.config['flow_steps']
-        for i in range(num_steps):
-            t = jnp.full((*actions.shape[:-1], 1), i / num_steps)
-            actions = actions + flow(features, actions, t, is_encoded=True) / num_steps
-        return jnp.clip(actions, -1, 1)
+        return euler_flow(lambda x, t: flow(features, x, t, is_encoded=True), noises, self.config['flow_steps'])
 
     @jax.jit
     def sample_actions(self, observations, rng=None):
@@ -166,8 +156,7 @@ class ACFQLAgent(flax.struct.PyTreeNode):
         obs_rep = jnp.repeat(jnp.expand_dims(observations, len(batch_shape)), num_samples, axis=len(batch_shape))
         candidates = self.compute_flow_actions(obs_rep, noises)  # (..., N, H * A)
         q = aggregate_q(self.network.select('critic')(obs_rep, candidates), self.config['q_agg'])  # (..., N)
-        best = jnp.argmax(q, axis=-1)
-        return jnp.take_along_axis(candidates, best[..., None, None], axis=-2)[..., 0, :]
+        return best_of_n(candidates, q)
 
     @classmethod
     def create(cls, seed, ex_observations, ex_actions, config):
@@ -239,6 +228,15 @@ class ACFQLAgent(flax.struct.PyTreeNode):
         return cls(rng, network=network, config=flax.core.FrozenDict(**config))
 
 
+def paper_method(config):
+    """The QC paper's name of this config's method: QC or QC-FQL chunked, BFN-n or FQL-n on single actions, BFN or
+    FQL with one-step returns."""
+    chunked, single = {'best-of-n': ('QC', 'BFN'), 'distill-ddpg': ('QC-FQL', 'FQL')}[config['actor_type']]
+    if (config.get('horizon_length') or 1) == 1:
+        return single
+    return chunked if config.get('action_chunking', True) else f'{single}-n'
+
+
 # What each key of `get_config()` may hold; the drivers check a run's config against it before loading anything.
 CONFIG_RULES = dict(
     agent_name=one_of('acfql'),
@@ -251,6 +249,8 @@ CONFIG_RULES = dict(
     discount=fraction(),
     tau=fraction(),
     q_agg=one_of(*Q_AGGS),
+    rho=non_negative(),
+    bc_mask=one_of(*BC_MASKS),
     alpha=non_negative(),
     num_qs=positive(int),
     flow_steps=positive(int),
@@ -281,6 +281,8 @@ def get_config():
             discount=0.99,  # Per-step discount; the chunk target uses discount ** horizon_length.
             tau=0.005,  # Polyak rate of the target critic.
             q_agg='mean',  # How the critic ensemble is aggregated in targets and best-of-n ranking: 'mean' or 'min'.
+            rho=0.0,  # Target = aggregate - rho * ensemble std (QAM paper's FQL: 0.5 with num_qs=10); 0 is QC's.
+            bc_mask='step',  # BC flow loss past an episode end: 'step' drops those steps (QC), 'chunk' the chunk (QAM).
             alpha=100.0,  # Weight of the one-step distillation loss (distill-ddpg).
             num_qs=2,  # Critic ensemble size.
             flow_steps=10,  # Euler steps of the BC flow.

@@ -5,7 +5,6 @@ import functools
 from typing import Any
 
 import flax
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -14,28 +13,11 @@ from rlpd_distributions import TanhNormal
 from rlpd_networks import MLP, Ensemble, StateActionValue
 from utils.config_rules import boolean, fraction, non_negative, number, one_of, optional, positive, widths
 from utils.flax_utils import ModuleDict, TrainState, adam, nonpytree_field, scan_updates, target_update
-from utils.networks import aggregate_q, batched_examples
+from utils.flows import chunk_actions
+from utils.networks import Temperature, aggregate_q, batched_examples
 
 # Dataset chunks are pulled this far inside (-1, 1) before the BC log-prob, where atanh is finite.
 BC_ACTION_CLIP = 1e-5
-
-
-class Temperature(nn.Module):
-    """The SAC temperature alpha = exp(log_temp), learned in log space so it stays positive."""
-
-    init_temp: float = 1.0
-
-    @nn.compact
-    def __call__(self):
-        log_temp = self.param('log_temp', lambda _: jnp.full((), jnp.log(self.init_temp), dtype=jnp.float32))
-        return jnp.exp(log_temp)
-
-
-def _critic_actions(actions, action_chunking):
-    """The critic's action input from dataset chunks (B, H, A): the flat chunk (B, H*A) or the first action (B, A)."""
-    if action_chunking:
-        return jnp.reshape(actions, (*actions.shape[:-2], -1))
-    return actions[..., 0, :]
 
 
 class ACRLPDAgent(flax.struct.PyTreeNode):
@@ -64,7 +46,7 @@ class ACRLPDAgent(flax.struct.PyTreeNode):
         discount = self.config['discount'] ** self.config['horizon_length']
         target_q = batch['rewards'][..., -1] + discount * batch['masks'][..., -1] * next_q  # (B,)
 
-        actions = _critic_actions(batch['actions'], self.config['action_chunking'])
+        actions = chunk_actions(batch['actions'], self.config['action_chunking'])
         q = self.network.select('critic')(batch['observations'], actions, params=grad_params)  # (num_qs, B)
         loss = (jnp.square(q - target_q) * batch['valid'][..., -1]).mean()
         return loss, {
@@ -83,7 +65,7 @@ class ACRLPDAgent(flax.struct.PyTreeNode):
         alpha = self.network.select('temp')()
         actor_loss = (alpha * log_probs - q).mean()
 
-        dataset_actions = _critic_actions(batch['actions'], self.config['action_chunking'])
+        dataset_actions = chunk_actions(batch['actions'], self.config['action_chunking'])
         dataset_actions = jnp.clip(dataset_actions, -1 + BC_ACTION_CLIP, 1 - BC_ACTION_CLIP)
         bc_nll = -dist.log_prob(dataset_actions).mean()
         bc_loss = self.config['bc_alpha'] * bc_nll
@@ -201,6 +183,14 @@ class ACRLPDAgent(flax.struct.PyTreeNode):
         config['action_dim'] = action_dim
         config['ob_dims'] = tuple(ex_observations.shape[1:])
         return cls(rng, network=network, config=ml_collections.FrozenConfigDict(config))
+
+
+def paper_method(config):
+    """The QC paper's name of this config's method: RLPD with one-step returns, QC-RLPD with the BC term, RLPD-AC
+    without it."""
+    if (config.get('horizon_length') or 1) == 1:
+        return 'RLPD'
+    return 'QC-RLPD' if config.get('bc_alpha') else 'RLPD-AC'
 
 
 # What each key of `get_config()` may hold; the drivers check a run's config against it before loading anything.

@@ -22,6 +22,7 @@ from typing import Any
 from absl import flags
 from ml_collections import config_flags
 
+from agents import agent_module
 from evaluation import EVAL_EPISODES
 from log_utils import jsonable
 from training import paper_settings
@@ -316,15 +317,6 @@ def _check_bounds(name, value, meta):
         raise UsageError(f'--{name} must be >= {low}, got {value}')
 
 
-def agent_module(config):
-    """The module of the registered agent `config` names (`config.agent_name`), or None outside the registry (a
-    class handed to `Trainer` directly)."""
-    from agents import agents
-
-    name = config.get('agent_name')
-    return sys.modules[agents[name].__module__] if name in agents else None
-
-
 def check_agent_config(config):
     """Refuses an agent config whose values break the rules its agent file declares next to `get_config()`
     (`CONFIG_RULES`). An `agent_name` outside the `agents` registry is left to `training.setup.create_agents`,
@@ -335,7 +327,7 @@ def check_agent_config(config):
     where = os.path.relpath(module.__file__)
     if not hasattr(module, 'CONFIG_RULES'):
         raise UsageError(f'{where} declares no CONFIG_RULES next to get_config() (see utils/config_rules.py)')
-    check_config(config, module.CONFIG_RULES, where)
+    check_config(config, module.CONFIG_RULES, where, getattr(module, 'CONFIG_CHECKS', ()))
 
 
 def _check_observations(run, pixels):

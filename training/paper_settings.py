@@ -4,6 +4,8 @@ operator (N)" for QC, BFN-n and BFN, and sparse rewards on scene and puzzle-3x3.
 to its method presets; a driver run on a paper task that differs from them says so (`notes`).
 """
 
+from agents import agent_module
+
 # Domains whose rewards the paper sparsifies (-1 until success, then 0); the reference README: "For `scene` and
 # `puzzle-3x3` domains, use `--sparse=True`".
 SPARSE_DOMAINS = ('scene', 'puzzle-3x3')
@@ -43,16 +45,10 @@ def domain_flags(method, env_name):
 
 
 def method_of(config):
-    """The paper's method name of an agent config (`QC`, `QC-FQL`, `BFN-n`, ...; `RLPD`, `RLPD-AC`, `QC-RLPD`)."""
-    horizon, chunking = config.get('horizon_length') or 1, config.get('action_chunking', True)
-    if config.get('agent_name') == 'acfql':
-        base = {'best-of-n': ('QC', 'BFN'), 'distill-ddpg': ('QC-FQL', 'FQL')}[config['actor_type']]
-        if horizon == 1:
-            return base[1]
-        return base[0] if chunking else f'{base[1]}-n'
-    if horizon == 1:
-        return 'RLPD'
-    return 'QC-RLPD' if config.get('bc_alpha') else 'RLPD-AC'
+    """The paper's method name of an agent config (`QC`, `QC-FQL`, `BFN-n`, ...; `RLPD`, `RLPD-AC`, `QC-RLPD`; `QAM`,
+    `QAM-F`, `QAM-E`): each agent file names its own variants (`paper_method(config)`)."""
+    module = agent_module(config)
+    return module.paper_method(config) if module is not None else None
 
 
 def notes(env_name, sparse, config):

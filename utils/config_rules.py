@@ -2,6 +2,7 @@
 that applies them before anything is loaded (one line naming the key, the rule and the value).
 
     CONFIG_RULES = dict(lr=positive(float), batch_size=positive(int), actor_type=one_of('best-of-n', ...), ...)
+    CONFIG_CHECKS = (at_most_one_positive('fql_alpha', 'edit_scale'),)  # optional: rules on several keys
 """
 
 import numbers
@@ -73,12 +74,30 @@ def optional(rule):
     return Rule(rule.test, f'{rule.words} or unset', optional=True)
 
 
-def check_config(config, rules, where):
+def at_most_one_positive(*keys):
+    """A rule on several keys together (for `CONFIG_CHECKS`): at most one of them is > 0 (variants that exclude each
+    other, e.g. QAM-F's `fql_alpha` and QAM-E's `edit_scale`)."""
+
+    def check(config):
+        given = [k for k in keys if (config.get(k) or 0) > 0]
+        if len(given) > 1:
+            return f'{" and ".join(f"--agent.{k}={config[k]}" for k in given)} exclude each other: set only one > 0'
+        return None
+
+    return check
+
+
+def check_config(config, rules, where, checks=()):
     """Raises `UsageError` for the first key of `config` without a rule (not a key of this agent) or whose value
-    breaks its rule; `where` names the agent file in the message."""
+    breaks its rule, then for the first of `checks` (functions of the whole config returning an error line or None);
+    `where` names the agent file in the message."""
     for key, value in config.items():
         if key not in rules:
             raise UsageError(f'{where} has no setting {key!r}')
         rule = rules[key]
         if not rule.ok(value):
             raise UsageError(f'--agent.{key} must be {rule.words}, got {value!r}')
+    for check in checks:
+        error = check(config)
+        if error:
+            raise UsageError(error)

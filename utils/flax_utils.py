@@ -42,11 +42,14 @@ def _same_definition(a, b):
 
 
 @functools.cache
-def adam(learning_rate, weight_decay=0.0):
-    """Adam (AdamW where `weight_decay` > 0), one optax object per hyperparameters (see `shared_definition`)."""
+def adam(learning_rate, weight_decay=0.0, clip_norm=None):
+    """Adam (AdamW where `weight_decay` > 0), after clipping the gradients to global norm `clip_norm` when given;
+    one optax object per hyperparameters (see `shared_definition`)."""
     if weight_decay > 0:
-        return optax.adamw(learning_rate=learning_rate, weight_decay=weight_decay)
-    return optax.adam(learning_rate=learning_rate)
+        tx = optax.adamw(learning_rate=learning_rate, weight_decay=weight_decay)
+    else:
+        tx = optax.adam(learning_rate=learning_rate)
+    return tx if clip_norm is None else optax.chain(optax.clip_by_global_norm(clip_norm), tx)
 
 
 class ModuleDict(nn.Module):

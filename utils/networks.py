@@ -114,9 +114,24 @@ class ActorVectorField(nn.Module):
         return self.mlp(jnp.concatenate(inputs, axis=-1))
 
 
-def aggregate_q(qs, q_agg):
-    """Aggregates a critic ensemble's outputs (num_qs, ...) by 'mean' or 'min' over the ensemble axis."""
-    return qs.min(axis=0) if q_agg == 'min' else qs.mean(axis=0)
+def aggregate_q(qs, q_agg, rho=0.0):
+    """Aggregates a critic ensemble's outputs (num_qs, ...) by 'mean' or 'min' over the ensemble axis, minus `rho`
+    times the ensemble's standard deviation (the QAM paper's pessimistic target `mean - rho * std`; 0 leaves the
+    aggregate as it is)."""
+    q = qs.min(axis=0) if q_agg == 'min' else qs.mean(axis=0)
+    return q - rho * qs.std(axis=0) if rho else q
+
+
+class Temperature(nn.Module):
+    """A positive scalar exp(log_temp), learned in log space (the SAC temperature; QAM-E's edit-policy entropy
+    weight)."""
+
+    init_temp: float = 1.0
+
+    @nn.compact
+    def __call__(self):
+        log_temp = self.param('log_temp', lambda _: jnp.full((), jnp.log(self.init_temp), dtype=jnp.float32))
+        return jnp.exp(log_temp)
 
 
 def batched_examples(ex_observations, ex_actions):

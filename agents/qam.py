@@ -1,0 +1,398 @@
+"""Q-learning with adjoint matching (QAM; Li and Levine, 2026): QAM, QAM-F and QAM-E over action chunks.
+
+The critic is QC's chunked ensemble with the pessimistic target mean - rho * std. The policy is two flows over the
+flat chunk (H * A): `actor_slow`, a BC flow on dataset chunks, and `actor_fast`, fine-tuned by adjoint matching toward
+pi_beta(a | s) exp(inv_temp * Q(s, a)): a memoryless SDE run with the fine-tuned drift gives a trajectory x_0..x_T,
+the terminal adjoint -inv_temp * grad_a Q is carried back through the base drift's vector-Jacobian products, and the
+fine-tuned velocity regresses onto the base velocity minus sigma_t^2 / 2 times the adjoint.
+QAM-F (`fql_alpha > 0`) adds a one-step policy distilled from the fine-tuned flow while maximising Q (FQL's actor on
+top); QAM-E (`edit_scale > 0`) adds a TanhNormal edit policy on (observation, flow chunk) that maximises Q under an
+automatically tuned entropy weight. Sampling keeps the best of `best_of_n` chunks by the critic.
+"""
+
+import copy
+import functools
+from typing import Any
+
+import flax
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from rlpd_distributions import TanhNormal
+from utils.config_rules import (
+    at_most_one_positive,
+    boolean,
+    fraction,
+    non_negative,
+    number,
+    one_of,
+    optional,
+    positive,
+    widths,
+)
+from utils.flax_utils import ModuleDict, TrainState, adam, nonpytree_field, scan_updates, target_update
+from utils.flows import best_of_n, chunk_actions, euler_flow, flow_matching_pair
+from utils.networks import MLP, ActorVectorField, Temperature, Value, aggregate_q, batched_examples
+
+
+class QAMAgent(flax.struct.PyTreeNode):
+    """QAM agent over action chunks (QAM-F with `fql_alpha > 0`, QAM-E with `edit_scale > 0`)."""
+
+    rng: Any
+    network: Any
+    config: Any = nonpytree_field()
+
+    def critic_loss(self, batch, grad_params, rng):
+        """TD loss of every critic toward the H-step return bootstrapped with mean - rho * std of the target ensemble
+        at the policy's next chunk; chunks that run past an episode end are left out (`valid[..., -1]`)."""
+        actions = chunk_actions(batch['actions'], self.config['action_chunking'])  # (B, H * A) or (B, A)
+        last_next_obs = batch['next_observations'][..., -1, :]
+        next_actions = self.sample_actions(last_next_obs, rng=rng)
+        next_qs = self.network.select('target_critic')(last_next_obs, next_actions)  # (num_qs, B)
+        next_q = aggregate_q(next_qs, 'mean', self.config['rho'])
+        horizon = self.config['horizon_length']
+        target_q = batch['rewards'][..., -1] + self.config['discount'] ** horizon * batch['masks'][..., -1] * next_q
+
+        q = self.network.select('critic')(batch['observations'], actions, params=grad_params)  # (num_qs, B)
+        critic_loss = (jnp.square(q - target_q) * batch['valid'][..., -1]).mean()
+        return critic_loss, {
+            'critic_loss': critic_loss,
+            'q_mean': q.mean(),
+            'q_max': q.max(),
+            'q_min': q.min(),
+        }
+
+    def adjoint_pass(self, observations, rng):
+        """The memoryless trajectory of the fine-tuned flow and its lean adjoints, neither differentiated.
+
+        Forward: x_0 ~ N(0, I), then for t = i h (h = 1 / flow_steps) x <- x + h (2 v - x / (t + h)) + sqrt(h) sigma_t
+        eps with sigma_t = sqrt(2 (1 - t + h) / (t + h)) and v the fine-tuned velocity (plus the base's when
+        `residual`); the last step is an ODE step of the base flow. Backward: the adjoint starts at -inv_temp *
+        grad_a Q(s, x_1) and takes h-steps along the vector-Jacobian product of the base drift 2 v_base - x / (t + h).
+        Returns the states x_0..x_{T-1} (T, B, D), their adjoints (T, B, D), the times (T, B, 1) and adjoint stats.
+        """
+        num_steps = self.config['flow_steps']
+        h = 1 / num_steps
+        base = self.network.select('target_actor_slow' if self.config['target_actor'] else 'actor_slow')
+        fine = self.network.select('actor_fast')
+        x = jax.random.normal(rng, (*observations.shape[:-1], self.config['full_action_dim']))  # (B, D)
+        xs, ts = [x], []
+        for i, key in enumerate(jax.random.split(rng, num_steps)):
+            t = jnp.full_like(x[..., :1], i / num_steps)  # (B, 1)
+            sigma = jnp.sqrt(2 * (1 - t + h) / (t + h))
+            eps = jax.random.normal(key, x.shape)
+            if i < num_steps - 1:
+                v = fine(observations, x, t)
+                if self.config['residual']:
+                    v = v + base(observations, x, t)
+                x = x + h * (2 * v - x / (t + h)) + jnp.sqrt(h) * sigma * eps
+            else:
+                x = x + h * base(observations, x, t)
+            xs.append(x)
+            ts.append(t)
+
+        critic = self.network.select('target_critic' if self.config['use_target_grad'] else 'critic')
+
+        def q_sum(a):
+            return critic(observations, jnp.clip(a, -1, 1) if self.config['clip_adj'] else a).mean(axis=0).sum()
+
+        adj = -self.config['inv_temp'] * jax.grad(q_sum)(xs[-1])  # (B, D)
+        info = {'adj_max': jnp.abs(adj).max(), 'adj_std': jnp.abs(adj).std(), 'adj_mean': jnp.abs(adj).mean()}
+        adjs = [None] * num_steps
+        for i in reversed(range(num_steps)):
+            t = jnp.full_like(x[..., :1], i / num_steps)
+
+            def base_drift(xi, t=t):
+                return 2 * base(observations, xi, t + h) - xi / (t + h)
+
+            adj = adj + h * jax.vjp(base_drift, xs[i])[1](adj)[0]
+            adjs[i] = adj
+        return jnp.stack(xs[:-1]), jnp.stack(adjs), jnp.stack(ts), info
+
+    def actor_loss(self, batch, grad_params, rng):
+        """BC flow loss of `actor_slow`, adjoint-matching loss of `actor_fast`, and QAM-F's or QAM-E's actor loss."""
+        actions = chunk_actions(batch['actions'], self.config['action_chunking'])  # (B, D), D = H * A or A
+        _, noise_rng, time_rng, adj_rng, variant_rng = jax.random.split(rng, 5)
+        observations = batch['observations']
+
+        x_t, t, vel = flow_matching_pair(noise_rng, time_rng, actions)
+        pred = self.network.select('actor_slow')(observations, x_t, t, params=grad_params)
+        flow_loss = jnp.mean(jnp.square(pred - vel).mean(axis=-1) * batch['valid'][..., -1])
+
+        xs, adjs, ts, info = self.adjoint_pass(observations, adj_rng)  # (T, B, D), (T, B, D), (T, B, 1)
+        h = 1 / self.config['flow_steps']
+        sigmas = jnp.sqrt(2 * (1 - ts + h) / (ts + h))  # (T, B, 1)
+        obs_rep = jnp.repeat(observations[None], self.config['flow_steps'], axis=0)  # (T, B, obs)
+        v_fine = self.network.select('actor_fast')(obs_rep, xs, ts, params=grad_params)
+        if self.config['residual']:
+            v_diff = v_fine  # the fine-tuned flow is itself the correction to the base
+        else:
+            base = self.network.select('target_actor_slow' if self.config['target_actor'] else 'actor_slow')
+            v_diff = v_fine - base(obs_rep, xs, ts)
+        adj_loss = jnp.sum(jnp.square(2 * v_diff / sigmas + sigmas * adjs), axis=-1)  # (T, B)
+        adj_loss = jnp.mean(jnp.sum(adj_loss, axis=0))
+        info['adj_loss'] = adj_loss
+
+        actor_loss = flow_loss
+        if self.config['fql_alpha'] > 0:
+            actor_loss, variant_info = self._one_step_loss(observations, grad_params, variant_rng)
+            actor_loss = flow_loss + actor_loss
+            info.update(variant_info)
+        if self.config['edit_scale'] > 0:
+            actor_loss, variant_info = self._edit_loss(observations, grad_params, variant_rng)
+            actor_loss = flow_loss + actor_loss
+            info.update(variant_info)
+        return actor_loss + adj_loss, {'flow_loss': flow_loss, 'fast_loss': adj_loss, **info}
+
+    def _one_step_loss(self, observations, grad_params, rng):
+        """QAM-F: the one-step policy mu(s, z) regresses onto the fine-tuned flow's chunk from the same noise z
+        (weight `fql_alpha`) and maximises the mean critic."""
+        noise_rng, _ = jax.random.split(rng)
+        noises = jax.random.normal(noise_rng, (observations.shape[0], self.config['full_action_dim']))
+        flow_actions = self.compute_flow_actions(observations, noises, self._fine_flow())
+        os_actions = self.network.select('one_step_actor')(observations, noises, params=grad_params)
+        distill_loss = jnp.mean(jnp.square(flow_actions - os_actions))
+        qs = self.network.select('critic')(observations, jnp.clip(os_actions, -1, 1))
+        q_loss = -qs.mean(axis=0).mean()
+        return q_loss + self.config['fql_alpha'] * distill_loss, {
+            'fql_distill_loss': distill_loss,
+            'fql_q_loss': q_loss,
+        }
+
+    def _edit_loss(self, observations, grad_params, rng):
+        """QAM-E: the edit policy pi_e(e | s, a) on a fine-tuned flow chunk a maximises Q(s, clip(a + edit_scale e))
+        with SAC's entropy term; the entropy weight is tuned toward `edit_target_entropy`."""
+        noise_rng, sample_rng = jax.random.split(rng)
+        noises = jax.random.normal(noise_rng, (observations.shape[0], self.config['full_action_dim']))
+        flow_actions = self.compute_flow_actions(observations, noises, self._fine_flow())
+        edit_inputs = jnp.concatenate([observations, flow_actions], axis=-1)
+        edit, log_probs = self.network.select('edit_actor')(edit_inputs, params=grad_params).sample_and_log_prob(
+            seed=sample_rng
+        )
+        edited = jnp.clip(flow_actions + self.config['edit_scale'] * edit, -1, 1)
+        q_loss = -self.network.select('critic')(observations, edited).mean(axis=0).mean()
+        entropy_loss = (log_probs * self.network.select('edit_alpha')()).mean()
+        alpha = self.network.select('edit_alpha')(params=grad_params)
+        entropy = -jax.lax.stop_gradient(log_probs).mean()
+        alpha_loss = alpha * (entropy - self.config['edit_target_entropy'])
+        info = {
+            'edit_q_loss': q_loss,
+            'edit_entropy_loss': entropy_loss,
+            'edit_alpha_loss': alpha_loss,
+            'edit_entropy': entropy,
+            'edit_alpha': alpha,
+        }
+        return q_loss + entropy_loss + alpha_loss, info
+
+    def total_loss(self, batch, grad_params, rng=None):
+        """Critic loss plus actor loss, with `critic/` and `actor/` prefixed infos."""
+        rng = rng if rng is not None else self.rng
+        _, actor_rng, critic_rng = jax.random.split(rng, 3)
+        critic_loss, critic_info = self.critic_loss(batch, grad_params, critic_rng)
+        actor_loss, actor_info = self.actor_loss(batch, grad_params, actor_rng)
+        info = {f'critic/{k}': v for k, v in critic_info.items()}
+        info.update({f'actor/{k}': v for k, v in actor_info.items()})
+        return critic_loss + actor_loss, info
+
+    def _update(self, batch):
+        new_rng, rng = jax.random.split(self.rng)
+
+        def loss_fn(grad_params):
+            return self.total_loss(batch, grad_params, rng=rng)
+
+        new_network, info = self.network.apply_loss_fn(loss_fn)
+        params = target_update(new_network, 'critic', self.config['tau'], source_params=self.network.params)
+        new_network = new_network.replace(params=params)
+        params = target_update(new_network, 'actor_slow', self.config['tau'], source_params=self.network.params)
+        return self.replace(network=new_network.replace(params=params), rng=new_rng), info
+
+    @jax.jit
+    def update(self, batch):
+        """One gradient step on a batch from `sample_sequence`, then soft updates of the target critic and target BC
+        flow. Returns (agent, info)."""
+        return self._update(batch)
+
+    @jax.jit
+    def batch_update(self, batch):
+        """`U` sequential updates fused in one `lax.scan`; every leaf of `batch` has a leading (U,) axis.
+
+        Equivalent to U calls of `update`; the returned info is the last update's.
+        """
+        return scan_updates(lambda agent, b: agent._update(b), self, batch)
+
+    def _fine_flow(self):
+        """The fine-tuned policy's flows: `actor_fast`, on top of `actor_slow` when `residual`."""
+        return ('actor_slow', 'actor_fast') if self.config['residual'] else ('actor_fast',)
+
+    def compute_flow_actions(self, observations, noises, flows=('actor_slow',)):
+        """Integrates the sum of the velocities of `flows` from `noises` with `flow_steps` Euler steps, clipped."""
+        nets = [self.network.select(name) for name in flows]
+
+        def velocity(x, t):
+            return sum(net(observations, x, t) for net in nets)
+
+        return euler_flow(velocity, noises, self.config['flow_steps'])
+
+    @jax.jit
+    def sample_actions(self, observations, rng=None):
+        """Action chunks (..., H * A) (or single actions (..., A)) for one observation or a batch, in [-1, 1].
+
+        QAM-F runs the one-step policy; otherwise the fine-tuned flow (the BC flow when inv_temp = 0), refined by the
+        edit policy for QAM-E. Of `best_of_n` such chunks per observation the critic's best is kept.
+        """
+        rng = rng if rng is not None else self.rng
+        noise_rng, edit_rng = jax.random.split(rng)
+        ob_ndim = len(self.config['ob_dims'])
+        batch_shape = observations.shape[: observations.ndim - ob_ndim]
+        n = self.config['best_of_n']
+        noises = jax.random.normal(noise_rng, (*batch_shape, n, self.config['full_action_dim']))  # (..., N, D)
+        obs_rep = jnp.repeat(jnp.expand_dims(observations, len(batch_shape)), n, axis=len(batch_shape))
+        if self.config['fql_alpha'] > 0:
+            actions = jnp.clip(self.network.select('one_step_actor')(obs_rep, noises), -1, 1)
+        else:
+            flows = self._fine_flow() if self.config['inv_temp'] > 0 else ('actor_slow',)
+            actions = self.compute_flow_actions(obs_rep, noises, flows)
+            if self.config['edit_scale'] > 0:
+                edit_dist = self.network.select('edit_actor')(jnp.concatenate([obs_rep, actions], axis=-1))
+                actions = actions + self.config['edit_scale'] * edit_dist.sample(seed=edit_rng)
+            actions = jnp.clip(actions, -1, 1)
+        q = self.network.select('critic')(obs_rep, actions).mean(axis=0)  # (..., N)
+        return best_of_n(actions, q)
+
+    @classmethod
+    def create(cls, seed, ex_observations, ex_actions, config):
+        """Builds the agent.
+
+        Args:
+            seed: Seed of the agent's JAX key (initialization and sampling).
+            ex_observations: One example observation, obs_shape, or a batch of them, (B, *obs_shape).
+            ex_actions: One example single-step action, (A,), or a batch, (B, A), matching `ex_observations`.
+            config: The agent's config (see `get_config`), with `horizon_length` set.
+        """
+        config = dict(config)
+        if config.get('horizon_length') is None or config['horizon_length'] < 1:
+            raise ValueError(f'horizon_length must be a positive integer, got {config.get("horizon_length")}')
+        if config['fql_alpha'] > 0 and config['edit_scale'] > 0:
+            raise ValueError('fql_alpha and edit_scale exclude each other: set only one > 0')
+
+        rng = jax.random.PRNGKey(seed)
+        rng, init_rng = jax.random.split(rng)
+        ex_observations, ex_actions = batched_examples(ex_observations, ex_actions)  # (B, *obs), (B, A)
+        action_dim = ex_actions.shape[-1]
+        horizon = config['horizon_length'] if config['action_chunking'] else 1
+        full_actions = jnp.concatenate([ex_actions] * horizon, axis=-1)  # (B, H * A)
+        full_action_dim = full_actions.shape[-1]
+        ex_times = ex_actions[..., :1]
+        if config['edit_target_entropy'] is None:
+            config['edit_target_entropy'] = -config['edit_target_entropy_multiplier'] * full_action_dim
+
+        critic_def = Value(
+            hidden_dims=tuple(config['value_hidden_dims']),
+            layer_norm=config['value_layer_norm'],
+            num_ensembles=config['num_qs'],
+        )
+        actor_def = ActorVectorField(
+            hidden_dims=tuple(config['actor_hidden_dims']),
+            action_dim=full_action_dim,
+            layer_norm=config['actor_layer_norm'],
+        )
+        network_info = dict(
+            critic=(critic_def, (ex_observations, full_actions)),
+            target_critic=(copy.deepcopy(critic_def), (ex_observations, full_actions)),
+            actor_fast=(copy.deepcopy(actor_def), (ex_observations, full_actions, ex_times)),
+            actor_slow=(copy.deepcopy(actor_def), (ex_observations, full_actions, ex_times)),
+            target_actor_slow=(copy.deepcopy(actor_def), (ex_observations, full_actions, ex_times)),
+        )
+        if config['fql_alpha'] > 0:
+            network_info['one_step_actor'] = (copy.deepcopy(actor_def), (ex_observations, full_actions))
+        if config['edit_scale'] > 0:
+            trunk = functools.partial(MLP, hidden_dims=tuple(config['actor_hidden_dims']), activate_final=True)
+            network_info['edit_actor'] = (
+                TanhNormal(trunk, full_action_dim),
+                (jnp.concatenate([ex_observations, full_actions], axis=-1),),
+            )
+            network_info['edit_alpha'] = (Temperature(), ())
+        network_def = ModuleDict({k: v[0] for k, v in network_info.items()})
+        network_tx = adam(config['lr'], clip_norm=1.0 if config['clip_grad'] else None)
+        network_params = network_def.init(init_rng, **{k: v[1] for k, v in network_info.items()})['params']
+        network_params['modules_target_critic'] = network_params['modules_critic']
+        network_params['modules_target_actor_slow'] = network_params['modules_actor_slow']
+        network = TrainState.create(network_def, network_params, tx=network_tx)
+
+        config['ob_dims'] = tuple(ex_observations.shape[1:])
+        config['action_dim'] = action_dim
+        config['full_action_dim'] = full_action_dim
+        return cls(rng, network=network, config=flax.core.FrozenDict(**config))
+
+
+def paper_method(config):
+    """The QAM paper's name of this config's variant."""
+    if config.get('fql_alpha'):
+        return 'QAM-F'
+    return 'QAM-E' if config.get('edit_scale') else 'QAM'
+
+
+# What each key of `get_config()` may hold; the drivers check a run's config against them before loading anything.
+CONFIG_RULES = dict(
+    agent_name=one_of('qam'),
+    lr=positive(float),
+    batch_size=positive(int),
+    actor_hidden_dims=widths(),
+    actor_layer_norm=boolean(),
+    value_hidden_dims=widths(),
+    value_layer_norm=boolean(),
+    horizon_length=optional(positive(int)),
+    action_chunking=boolean(),
+    num_qs=positive(int),
+    rho=non_negative(),
+    discount=fraction(),
+    tau=fraction(),
+    flow_steps=positive(int),
+    best_of_n=positive(int),
+    inv_temp=non_negative(),
+    fql_alpha=non_negative(),
+    edit_scale=non_negative(),
+    target_actor=boolean(),
+    residual=boolean(),
+    clip_adj=boolean(),
+    clip_grad=boolean(),
+    use_target_grad=boolean(),
+    edit_target_entropy=optional(number()),
+    edit_target_entropy_multiplier=number(),
+)
+CONFIG_CHECKS = (at_most_one_positive('fql_alpha', 'edit_scale'),)
+
+
+def get_config():
+    """Default QAM hyperparameters (the authors' `agents/qam.py`, with action chunking on as every command of theirs
+    runs it); `fql_alpha > 0` gives QAM-F, `edit_scale > 0` QAM-E."""
+    return ml_collections.ConfigDict(
+        dict(
+            agent_name='qam',  # Key of the agent class in `agents.agents`.
+            lr=3e-4,  # Adam learning rate of every network.
+            batch_size=256,  # Chunks per gradient step.
+            actor_hidden_dims=(512, 512, 512, 512),  # Hidden sizes of the flows, the one-step and the edit policy.
+            actor_layer_norm=False,  # Layer norm in the flows and the one-step policy.
+            value_hidden_dims=(512, 512, 512, 512),  # Hidden sizes of each critic.
+            value_layer_norm=True,  # Layer norm in the critics.
+            horizon_length=ml_collections.config_dict.placeholder(int),  # Chunk length H; set by the driver's flag.
+            action_chunking=True,  # Chunked policy and critic (QAM); False gives n-step returns on single actions.
+            num_qs=10,  # Critic ensemble size.
+            rho=0.5,  # Pessimistic target: ensemble mean - rho * ensemble std.
+            discount=0.99,  # Per-step discount; the chunk target uses discount ** horizon_length.
+            tau=0.005,  # Polyak rate of the target critic and the target BC flow.
+            flow_steps=10,  # Euler (and memoryless SDE) steps of every flow.
+            best_of_n=1,  # Chunks sampled per observation (targets and acting); the critic keeps the best.
+            inv_temp=0.3,  # Inverse temperature of exp(inv_temp * Q) that the fine-tuned flow targets; 0: BC flow.
+            fql_alpha=0.0,  # > 0: QAM-F, a one-step policy distilled (this weight) from the fine-tuned flow.
+            edit_scale=0.0,  # > 0: QAM-E, an edit policy refines the flow's chunk by up to this scale.
+            target_actor=True,  # The adjoint pass uses the EMA target of the BC flow as the base flow.
+            residual=False,  # The fine-tuned flow is a correction added to the base flow instead of a full flow.
+            clip_adj=True,  # The terminal adjoint takes Q's gradient at the chunk clipped to [-1, 1].
+            clip_grad=True,  # Clip every update's gradient to global norm 1.
+            use_target_grad=True,  # The terminal adjoint takes the target critic's gradient.
+            edit_target_entropy=ml_collections.config_dict.placeholder(float),  # QAM-E entropy target; unset: auto.
+            edit_target_entropy_multiplier=0.5,  # Unset target: -multiplier * chunk dimension.
+        )
+    )
