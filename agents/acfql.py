@@ -62,15 +62,15 @@ class ACFQLAgent(flax.struct.PyTreeNode):
 
         x_t, t, vel = flow_matching_pair(noise_rng, time_rng, actions)
         pred = self.network.select('actor_bc_flow')(batch['observations'], x_t, t, params=grad_params)
-        if not self.config['action_chunking']:
-            bc_flow_loss = jnp.mean(jnp.square(pred - vel))
-        elif self.config['bc_mask'] == 'step':
+        if self.config['bc_mask'] == 'chunk':
+            # The QAM paper's FQL: a chunk that runs past an episode end is left out whole (single actions too).
+            bc_flow_loss = jnp.mean(jnp.square(pred - vel).mean(axis=-1) * batch['valid'][..., -1])
+        elif self.config['action_chunking']:
             # Steps after an episode end are not real actions of this episode: mask them out.
             sq_err = jnp.reshape(jnp.square(pred - vel), batch['actions'].shape)  # (B, H, A)
             bc_flow_loss = jnp.mean(sq_err * batch['valid'][..., None])
         else:
-            # The QAM paper's FQL: a chunk that runs past an episode end is left out whole.
-            bc_flow_loss = jnp.mean(jnp.square(pred - vel).mean(axis=-1) * batch['valid'][..., -1])
+            bc_flow_loss = jnp.mean(jnp.square(pred - vel))  # a first action is always the episode's own
 
         info = {'bc_flow_loss': bc_flow_loss}
         if self.config['actor_type'] == 'distill-ddpg':
@@ -282,7 +282,7 @@ def get_config():
             tau=0.005,  # Polyak rate of the target critic.
             q_agg='mean',  # How the critic ensemble is aggregated in targets and best-of-n ranking: 'mean' or 'min'.
             rho=0.0,  # Target = aggregate - rho * ensemble std (QAM paper's FQL: 0.5 with num_qs=10); 0 is QC's.
-            bc_mask='step',  # BC flow loss past an episode end: 'step' drops those steps (QC), 'chunk' the chunk (QAM).
+            bc_mask='step',  # BC loss past an episode end: 'step' drops those steps (QC), 'chunk' the chunk (QAM).
             alpha=100.0,  # Weight of the one-step distillation loss (distill-ddpg).
             num_qs=2,  # Critic ensemble size.
             flow_steps=10,  # Euler steps of the BC flow.

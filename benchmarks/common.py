@@ -3,6 +3,7 @@
 import os
 import platform
 import statistics
+import sys
 import time
 
 import numpy as np
@@ -18,6 +19,11 @@ AGENTS = {
     'QC-FQL': ('acfql', dict(actor_type='distill-ddpg', horizon_length=5)),
     'FQL': ('acfql', dict(actor_type='distill-ddpg', horizon_length=1)),
     'QC-RLPD': ('acrlpd', dict(horizon_length=5, bc_alpha=0.01)),
+    # The QAM paper's methods (their README's cube-triple values).
+    'QAM': ('qam', dict(horizon_length=5, inv_temp=3.0)),
+    'QAM-F': ('qam', dict(horizon_length=5, inv_temp=10.0, fql_alpha=300.0)),
+    'QAM-E': ('qam', dict(horizon_length=5, inv_temp=3.0, edit_scale=0.1)),
+    'FQL (QAM paper)': ('acfql', dict(horizon_length=5, num_qs=10, rho=0.5, bc_mask='chunk')),
 }
 
 # Network sizes. `paper` is the paper's setting; `tiny` is what `--quick` uses.
@@ -75,31 +81,23 @@ def matmul_rate(n=2048, reps=10, dtype='float32'):
 
 
 def agent_class(module_name):
-    """The agent class of `agents.<module_name>`."""
-    if module_name == 'acfql':
-        from agents.acfql import ACFQLAgent
+    """The registered agent class `module_name` (`agents.agents` key)."""
+    from agents import agents
 
-        return ACFQLAgent
-    from agents.acrlpd import ACRLPDAgent
-
-    return ACRLPDAgent
+    return agents[module_name]
 
 
 def make_config(agent_name, size):
     """The agent config of one suite entry (`AGENTS` key) at one size (`SIZES` key)."""
     module_name, overrides = AGENTS[agent_name]
-    if module_name == 'acfql':
-        from agents.acfql import get_config
-    else:
-        from agents.acrlpd import get_config
+    config = sys.modules[agent_class(module_name).__module__].get_config()
     spec = SIZES[size]
-    config = get_config()
     config.actor_hidden_dims = spec['hidden']
     config.value_hidden_dims = spec['hidden']
     config.batch_size = spec['batch_size']
-    if module_name == 'acfql':
-        config.actor_num_samples = spec['num_samples']
-        config.flow_steps = spec['flow_steps']
+    for key in ('actor_num_samples', 'flow_steps'):
+        if key in config:
+            setattr(config, key, spec['num_samples' if key == 'actor_num_samples' else key])
     for key, value in overrides.items():
         setattr(config, key, value)
     return config

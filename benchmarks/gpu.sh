@@ -7,7 +7,7 @@
 #   online  main.py's online loop at paper size: per-step and fused schedules, on host batches and with chunks gathered
 #           on the device (--device_replay), S = 1, 4, 8, with its breakdown, and the start-up of 1 and 8 seeds;
 #           `nvidia-smi dmon` samples the GPU's busy share meanwhile (dmon.txt)
-#   updates per-step and fused update rates of QC and QC-FQL at paper size
+#   updates per-step and fused update rates of QC, QC-FQL, QAM and QAM-F at paper size
 #   seeds   seed-updates/s of S = 1, 4, 8, 16 seeds in one process
 # Then OUT_DIR/summary.txt holds the card, every section's tables and its targets, and the paper-run estimate
 # (1M offline updates + 1M online steps + evaluations, hours) from the online and updates sections' rates. Python wheels the node lacks can

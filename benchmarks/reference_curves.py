@@ -5,6 +5,8 @@ area under the curve, with bootstrap intervals and a permutation test.
     python -m benchmarks.reference_curves --reference=/path/to/qc            # 12 seeds of each, then the table
     python -m benchmarks.reference_curves --reference=/path/to/qc --seeds=4 --online_steps=5000
     python -m benchmarks.reference_curves --report_only                      # the table of the runs on disk
+    python -m benchmarks.reference_curves --preset=qam --reference=/path/to/qam --seeds=8 --offline_steps=5000 \
+        --online_steps=5000 --work_dir=/tmp/qam_reference_curves              # QAM, offline then online
 
 `--reference` is a checkout of the reference (bring it with the search tool's fetch; never part of this project).
 Runs go to `--work_dir`, one folder per code and seed; a run whose `eval.csv` reaches the last step is kept, so an
@@ -44,6 +46,11 @@ PRESETS = {
         '--horizon_length=5', '--agent.actor_hidden_dims=(128,128)', '--agent.value_hidden_dims=(128,128)',
         '--agent.batch_size=128',
     ]),
+    # QAM (github ColinQiyangLi/qam), offline then online; the task of issue 45's command.
+    'qam': ('main.py', [
+        '--env_name=cube-single-play-singletask-task2-v0', '--agent=agents/qam.py', '--horizon_length=5',
+        '--agent.actor_hidden_dims=(128,128)', '--agent.value_hidden_dims=(128,128)', '--agent.batch_size=128',
+    ]),
 }  # fmt: skip
 
 # Stub modules the reference imports; see the module docstring.
@@ -67,8 +74,9 @@ CODES = ('ours', 'reference')
 def run_flags(args):
     """(script, flags) of one run of the comparison, without the seed and the output folder."""
     script, flags = PRESETS[args.preset]
+    offline = [f'--offline_steps={args.offline_steps}'] if script == 'main.py' else []
     return script, [
-        *flags, f'--online_steps={args.online_steps}', f'--start_training={args.start_training}',
+        *flags, *offline, f'--online_steps={args.online_steps}', f'--start_training={args.start_training}',
         f'--eval_interval={args.eval_interval}', f'--eval_episodes={args.eval_episodes}', '--log_interval=5000',
     ]  # fmt: skip
 
@@ -84,6 +92,11 @@ def read_curve(path):
     """{step: success} of an eval.csv (both codes write `step` and `success` columns)."""
     with open(path) as f:
         return {int(float(row['step'])): float(row['success']) for row in csv.DictReader(f)}
+
+
+def last_step(args):
+    """The step of a run's last evaluation (offline steps count first in `main.py`)."""
+    return (args.offline_steps if PRESETS[args.preset][0] == 'main.py' else 0) + args.online_steps
 
 
 def finished(work_dir, code, seed, last_step):
@@ -141,7 +154,7 @@ def run_all(args):
         sys.exit(f'error: {args.reference} is not a checkout of the reference (no {PRESETS[args.preset][0]} there)')
     data_dir, home, stubs = prepare(args)
     todo = [(code, seed) for seed in range(args.seeds) for code in CODES
-            if not finished(args.work_dir, code, seed, args.online_steps)]  # fmt: skip
+            if not finished(args.work_dir, code, seed, last_step(args))]  # fmt: skip
     cores = os.cpu_count() or 1
     running = {}  # slot -> (code, seed, process, started, log file)
     while todo or running:
@@ -164,7 +177,7 @@ def run_all(args):
             log.close()
             del running[slot]
             # The reference's exit status is not read: it ends by writing a wandb URL file after its logs are closed.
-            ok = finished(args.work_dir, code, seed, args.online_steps)
+            ok = finished(args.work_dir, code, seed, last_step(args))
             state = 'finished' if ok else f'FAILED (exit {proc.returncode}; see {log.name})'
             print(f'{code} seed {seed} {state} in {time.time() - started:.0f} s', flush=True)
 
@@ -263,10 +276,14 @@ def collect(work_dir, last_step):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('--reference', help='path of a checkout of github ColinQiyangLi/qc')
+    parser.add_argument(
+        '--reference',
+        help='a checkout of the reference: github ColinQiyangLi/qc (qc-rlpd) or ColinQiyangLi/qam (qam)',
+    )
     parser.add_argument('--report_only', action='store_true', help='only print the table of the runs on disk')
     parser.add_argument('--preset', default='qc-rlpd', choices=sorted(PRESETS))
     parser.add_argument('--seeds', type=int, default=12, help='seeds 0..N-1 of each code')
+    parser.add_argument('--offline_steps', type=int, default=5000, help='offline steps of main.py presets')
     parser.add_argument('--online_steps', type=int, default=20000)
     parser.add_argument('--start_training', type=int, default=1000)
     parser.add_argument('--eval_interval', type=int, default=2500)
@@ -274,18 +291,25 @@ def main(argv=None):
     parser.add_argument('--jobs', type=int, default=os.cpu_count() or 1, help='runs at once (default: the cores)')
     parser.add_argument('--work_dir', default='/tmp/qc_reference_curves', help='where the runs are written')
     parser.add_argument('--data_dir', default=None, help=f'folder of {DATASET}.npz (default: <work_dir>/data)')
-    parser.add_argument('--out', default=os.path.join(ROOT, 'benchmarks', 'results_reference.json'))
+    parser.add_argument(
+        '--out',
+        default=None,
+        help='JSON of the comparison (default: benchmarks/results_reference'
+        '.json for qc-rlpd, results_reference_<preset>.json otherwise)',
+    )
     args = parser.parse_args(argv)
-    for name in ('seeds', 'online_steps', 'eval_interval', 'eval_episodes', 'jobs', 'start_training'):
-        low = 0 if name == 'start_training' else 1
+    for name in ('seeds', 'offline_steps', 'online_steps', 'eval_interval', 'eval_episodes', 'jobs', 'start_training'):
+        low = 0 if name in ('start_training', 'offline_steps') else 1
         if getattr(args, name) < low:
             sys.exit(f'error: --{name} must be >= {low}, got {getattr(args, name)}')
     args.data_dir = args.data_dir or os.path.join(args.work_dir, 'data')
+    suffix = '' if args.preset == 'qc-rlpd' else f'_{args.preset}'
+    args.out = args.out or os.path.join(ROOT, 'benchmarks', f'results_reference{suffix}.json')
     if not args.report_only:
         if not args.reference:
             parser.error('--reference is required (a checkout of the reference), unless --report_only')
         run_all(args)
-    curves = collect(args.work_dir, args.online_steps)
+    curves = collect(args.work_dir, last_step(args))
     if not all(curves[code] for code in CODES):
         sys.exit(f'error: no finished runs of both codes in {args.work_dir}')
     rows = compare(curves)

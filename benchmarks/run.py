@@ -59,7 +59,8 @@ def settings(quick, accelerator=False):
         )  # fmt: skip
     if accelerator:  # `benchmarks/gpu.sh`: the paper's size, what a GPU node runs, within minutes.
         return dict(
-            sizes=('paper',), update_agents=('QC', 'QC-FQL'), update_transitions=100_000, update_target_s=2.0,
+            sizes=('paper',), update_agents=('QC', 'QC-FQL', 'QAM', 'QAM-F'), update_transitions=100_000,
+            update_target_s=2.0,
             update_rounds=1, replay_sizes=(), matmul_n=4096, matmul_reps=10, eval=[],
             online=online_rows(('QC', 'QC-FQL'), 'paper', (1,), steps=400)
             + online_rows(('QC', 'QC-FQL'), 'paper', (8,), steps=400, schedules=SCHEDULES[1:])

@@ -86,6 +86,22 @@ def random_dataset(n=300, obs_dim=5, action_dim=2, episode_length=50, seed=0):
     )
 
 
+def tiny_qam_config(horizon_length=3, **overrides):
+    """QAM config with tiny networks and few flow steps (the adjoint pass is one VJP per step)."""
+    from agents.qam import get_config
+
+    config = get_config()
+    config.horizon_length = horizon_length
+    config.actor_hidden_dims = (16, 16)
+    config.value_hidden_dims = (16, 16)
+    config.num_qs = 3
+    config.flow_steps = 3
+    config.batch_size = 16
+    for k, v in overrides.items():
+        setattr(config, k, v)
+    return config
+
+
 def tiny_acfql_config(horizon_length=3, **overrides):
     """ACFQL config with tiny networks so that tests compile and run in seconds on a CPU."""
     from agents.acfql import get_config

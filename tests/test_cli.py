@@ -12,7 +12,7 @@ from helpers import ROOT, refusal_in_process, run_driver, subprocess_env
 
 import main
 import main_online
-from agents import acfql, acrlpd
+from agents import acfql, acrlpd, qam
 from envs.ogbench_utils import MODEL_CACHE_ENV
 from training import RunConfig, paper_settings
 from training.config import SETTING_GROUPS, agent_key_comments, help_text
@@ -24,7 +24,8 @@ TASK = 'cube-single-play-singletask-task2-v0'
 def test_help_lists_every_run_setting_and_every_agent_key():
     fields = [f.name for f in dataclasses.fields(RunConfig) if f.metadata]
     assert sorted(n for names in SETTING_GROUPS.values() for n in names) == sorted(fields)  # each in one group
-    cases = ((main.PRESET, acfql, 'agents/acfql.py'), (main_online.PRESET, acrlpd, 'agents/acrlpd.py'))
+    cases = ((main.PRESET, acfql, 'agents/acfql.py'), (main_online.PRESET, acrlpd, 'agents/acrlpd.py'),
+             (main.PRESET, qam, 'agents/qam.py'))  # fmt: skip
     for preset, module, path in cases:
         text = help_text(preset, path, 'main.py', 'summary')
         shown = [n for n in fields if f'    --{n} ' in text or text.count(f'--{n}\n')]
@@ -77,9 +78,15 @@ REFUSALS = [
     ('main_online.py', ['--env_name=visual-cube-single-play-singletask-task1-v0'],
      'acrlpd has no image encoder (no --agent.encoder setting)'),
     ('main.py', ['--p_aug=0.5'], f'--p_aug=0.5 crops images, and {TASK} observes states'),
+    ('main.py', ['--agent=agents/qam.py', '--agent.inv_temp=-0.3'], '--agent.inv_temp must be a number >= 0, got -0.3'),
+    ('main.py', ['--agent=agents/qam.py', '--agent.fql_alpha=10', '--agent.edit_scale=0.1'],
+     '--agent.fql_alpha=10.0 and --agent.edit_scale=0.1 exclude each other'),
+    ('main_online.py', ['--agent=agents/qam.py', '--agent.best_of_n=0'],
+     '--agent.best_of_n must be a positive integer, got 0'),
 ]  # fmt: skip
 IDS = ['key', 'key-online', 'file', 'batch', 'width', 'flow-steps', 'actor-type', 'tau', 'type', 'task', 'flag',
-       'positional', 'after-dashes', 'encoder-on-states', 'pixels-without-encoder', 'pixels-online', 'crops-on-states']
+       'positional', 'after-dashes', 'encoder-on-states', 'pixels-without-encoder', 'pixels-online', 'crops-on-states',
+       'qam-inv-temp', 'qam-both-variants', 'qam-best-of-n']
 
 
 @pytest.mark.parametrize('driver, args, message', REFUSALS, ids=IDS)

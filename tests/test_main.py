@@ -24,6 +24,7 @@ from helpers import (
 )
 
 import main
+import main_online
 from agents import agents
 from training import Trainer
 from utils.flax_utils import restore_agent_with_file
@@ -98,6 +99,37 @@ def test_offline_then_online_with_utd_and_checkpoints(data_dir, tmp_path):
     restored = restore_agent_with_file(agent, os.path.join(run_dir, 'params_22.pkl'))
     assert int(restored.network.step) == 1 + 12 + 2 * (10 - 3 + 1)
     assert restored.sample_actions(obs[0], rng=jax.random.PRNGKey(0)).shape == (15,)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    'preset, variant',
+    [
+        (main.PRESET, ['--agent.edit_scale=0.1', '--balanced_sampling']),
+        (main_online.PRESET, ['--agent.fql_alpha=10']),
+    ],
+    ids=['qam-e-balanced', 'qam-f-online'],
+)
+def test_qam_runs_with_several_seeds(data_dir, tmp_path, monkeypatch, preset, variant):
+    monkeypatch.setenv('WANDB_MODE', 'disabled')
+    offline = ['--offline_steps=6'] if preset.offline else []
+    args = [
+        f'--env_name={ENV_NAME}', f'--dataset_dir={data_dir}', f'--save_dir={tmp_path}', '--agent=agents/qam.py',
+        *[a for a in TINY if 'actor_num_samples' not in a], '--agent.num_qs=2', '--seeds=0,1', *offline,
+        '--online_steps=6', '--start_training=3', '--horizon_length=3', '--eval_interval=0', '--log_interval=3',
+        *variant,
+    ]  # fmt: skip
+    Trainer(parse_run(preset, args), agents).train()
+    run_dirs = sorted(glob.glob(os.path.join(tmp_path, 'Debug', '*')))
+    assert len(run_dirs) == 2
+    phases = (['offline_agent.csv'] if preset.offline else []) + ['online_agent.csv']
+    for run_dir in run_dirs:
+        for name in phases:
+            rows = read_csv(os.path.join(run_dir, name))
+            assert rows and {'critic/critic_loss', 'actor/adj_loss', 'actor/flow_loss'} <= set(rows[0]), name
+        assert [int(r['step']) for r in read_csv(os.path.join(run_dir, 'eval.csv'))][-1] == 6 + (6 if offline else 0)
+    first, second = (read_csv(os.path.join(d, phases[0]))[0]['critic/critic_loss'] for d in run_dirs)
+    assert first != second  # each seed its own run
 
 
 @pytest.mark.parametrize(

@@ -168,8 +168,9 @@ def gather_step(layout):
         (main_online.PRESET, ['--start_training=40', '--utd_ratio=2', '--device_replay=False']),
         (main.PRESET, ['--offline_steps=0', '--start_training=3', '--agent.actor_num_samples=2',
                        '--agent.flow_steps=2']),
+        (main.PRESET, ['--offline_steps=0', '--start_training=40', '--balanced_sampling', '--agent.flow_steps=2']),
     ],
-    ids=['main_online', 'main_online_host_batches', 'main'],
+    ids=['main_online', 'main_online_host_batches', 'main', 'main_balanced_sampling'],
 )  # fmt: skip
 def test_the_online_data_path_is_the_reference_loops(cube_dir, tmp_path, monkeypatch, preset, extra):
     monkeypatch.setenv('WANDB_MODE', 'disabled')
@@ -230,9 +231,9 @@ def test_the_online_data_path_is_the_reference_loops(cube_dir, tmp_path, monkeyp
 
     # The reference's loop on its own copy of the environment, with the starts this project drew.
     data = {k: dataset[k] for k in TRANSITION_KEYS}
-    prefix = data if preset.replay_starts_with_data else None
+    prefix = data if run.preset.replay_starts_with_data else None
     half = run.batch_size // 2
-    counts = (half, run.batch_size - half) if preset.online_data_fraction else (0, run.batch_size)
+    counts = (half, run.batch_size - half) if run.preset.online_data_fraction else (0, run.batch_size)
     env = ScriptedEnds(ogbench_utils.make_env(ENV_NAME))
     replay, expected = reference_loop(
         env, data, prefix, online_steps, run.random_steps, run.start_training, run.utd_ratio, counts,

@@ -89,10 +89,12 @@ def assert_same_params(a, b):
 
 
 @pytest.mark.slow
-def test_sigkill_then_resume_reproduces_the_uninterrupted_run(data_dir, tmp_path):
-    train_in_process(args_for(data_dir, tmp_path, 'whole', *OFFLINE))
+@pytest.mark.parametrize('agent', ['agents/acfql.py', 'agents/qam.py'], ids=['acfql', 'qam'])
+def test_sigkill_then_resume_reproduces_the_uninterrupted_run(data_dir, tmp_path, agent):
+    offline = [*OFFLINE, f'--agent={agent}']
+    train_in_process(args_for(data_dir, tmp_path, 'whole', *offline))
 
-    proc = start_driver(args_for(data_dir, tmp_path, 'killed', *OFFLINE))
+    proc = start_driver(args_for(data_dir, tmp_path, 'killed', *offline))
     killed_dir = run_dir_of(tmp_path, 'killed')
     assert wait_for(lambda: len(checkpoint_files(killed_dir)) >= 1, proc), 'no checkpoint before the run ended'
     # Kill at some point after the first checkpoint (the exact step varies from run to run).
@@ -111,7 +113,7 @@ def test_sigkill_then_resume_reproduces_the_uninterrupted_run(data_dir, tmp_path
     with open(os.path.join(killed_dir, 'checkpoints', 'ckpt_999999999999.pkl'), 'wb') as f:
         f.write(payload[: len(payload) // 2])
 
-    resumed = run_driver('main.py', args_for(data_dir, tmp_path, 'killed', *OFFLINE, '--resume'))
+    resumed = run_driver('main.py', args_for(data_dir, tmp_path, 'killed', *offline, '--resume'))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert 'ckpt_999999999999.pkl' in resumed.stderr  # the fallback was reported...
     assert os.path.exists(os.path.join(killed_dir, 'checkpoints', 'ckpt_999999999999.pkl.corrupt'))  # ...and set aside

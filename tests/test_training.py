@@ -245,6 +245,10 @@ def test_run_config_is_frozen_and_validated():
     online = parse_run(main_online.PRESET, [])
     # Random actions while step <= start_training, as the reference's main_online.py.
     assert online.offline_steps == 0 and online.random_steps == online.start_training == 5000
+    # main.py --balanced_sampling (the QAM reference's flag) takes main_online.py's online sources.
+    balanced = parse_run(main.PRESET, ['--balanced_sampling'])
+    assert balanced.random_steps == 5000 and balanced.preset.online_data_fraction == 0.5
+    assert not balanced.preset.replay_starts_with_data and balanced.offline_steps == 1000000
     with pytest.raises(dataclasses.FrozenInstanceError):
         run.utd_ratio = 3
     for change, message in [

@@ -39,7 +39,7 @@ SETTING_GROUPS = dict(
     run=('env_name', 'seeds', 'run_group', 'save_dir', 'exp_name', 'resume'),
     data=('dataset_dir', 'dataset_proportion', 'sparse', 'ogbench_dataset_dir', 'dataset_replace_interval',
           'frame_stack', 'p_aug', 'buffer_size'),
-    training=('offline_steps', 'online_steps', 'start_training', 'utd_ratio'),
+    training=('offline_steps', 'online_steps', 'start_training', 'utd_ratio', 'balanced_sampling'),
     evaluation=('eval_interval', 'eval_episodes', 'eval_envs', 'video_episodes', 'video_frame_skip'),
     logging=('log_interval', 'save_all_online_states'),
     checkpoints=('save_interval', 'keep_checkpoints', 'max_runtime'),
@@ -132,6 +132,10 @@ class RunConfig:
     start_training: int = setting(5000, 'Online step from which the agent is updated.', minimum=0, on_resume=DEFINES)
     utd_ratio: int = setting(1, 'Updates per online environment step, each on its own batch.', minimum=1,
                              on_resume=DEFINES)
+    balanced_sampling: bool = setting(False, 'Online phase as main_online.py\'s (the QAM reference\'s flag): the '
+                                      'replay buffer starts empty, random actions until --start_training, then every '
+                                      'batch half offline data, half replay (False: replay seeded with the data).',
+                                      phase='offline', on_resume=DEFINES)
     fuse_online_updates: bool = setting(True, 'Hold the online updates of a chunk\'s steps and run them as one '
                                         'compiled call (sooner when the agents are read: a policy query, log, '
                                         'evaluation, checkpoint): the same updates in the same order (False: one call '
@@ -350,7 +354,11 @@ def _check_observations(run, pixels):
 
 
 def validate(run):
-    """Returns `run` when every setting is usable; raises `UsageError` with one actionable line otherwise."""
+    """Returns `run` when every setting is usable (with `balanced_sampling`, its preset's online sources are
+    main_online.py's); raises `UsageError` with one actionable line otherwise."""
+    if run.balanced_sampling:
+        preset = dataclasses.replace(run.preset, online_data_fraction=0.5, replay_starts_with_data=False)
+        run = dataclasses.replace(run, preset=preset)
     for field in dataclasses.fields(run):
         if field.metadata:
             _check_bounds(field.name, getattr(run, field.name), field.metadata)

@@ -1,0 +1,195 @@
+"""Losses and gradients of this project's agents against the authors' code (github ColinQiyangLi/qam), side by side:
+the same parameters, batch and noise, every loss, info and gradient compared, the adjoints too (QAM), after one
+`update` and after U fused updates (`batch_update`), and the sampled actions.
+
+    python -m benchmarks.reference_grads --reference=/path/to/qam           # every case, table and JSON
+    python -m benchmarks.reference_grads --reference=/path/to/qam --cases=QAM,QAM-E
+
+`--reference` is a checkout of their code (bring it with the search tool's fetch; never part of this project); it
+runs in its own process (`benchmarks/reference_grads_probe.py`, their checkout first on PYTHONPATH) and imports its
+own `utils.networks` (distrax and tensorflow_probability, both in this project's stack). Its agent is built with the
+same seed; its parameters are then loaded into this project's agent (module by module, by name), so even where the
+two initialise alike that is not assumed. QAM's keys are split alike in both codes, so both draw their own noise from
+the same keys; ACFQL keeps the QC reference's key splits, so for FQL the reference's draws are recorded and replayed
+here (`Draws`). Small networks (two layers of 32) with the agents' other defaults (10 critics, 10 flow steps).
+The relative error of an array is ||ours - theirs|| / ||theirs|| (the absolute norm where theirs is 0).
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import jax
+import numpy as np
+
+from benchmarks import reference_grads_probe as probe
+from benchmarks.common import machine_info
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SMALL = dict(actor_hidden_dims=[32, 32], value_hidden_dims=[32, 32])
+# The QAM paper's FQL is ACFQL with these keys (their `agents/fql.py` has no others to set).
+QAM_FQL = dict(actor_type='distill-ddpg', num_qs=10, rho=0.5, bc_mask='chunk')
+OTHER_SWITCHES = dict(target_actor=False, use_target_grad=False, clip_adj=False, clip_grad=False, best_of_n=4)
+
+# name: (our agent, their module, keys set on both sides, keys set only on ours)
+CASES = {
+    'QAM': ('qam', 'agents.qam', dict(action_chunking=True), {}),
+    'QAM residual': ('qam', 'agents.qam', dict(action_chunking=True, residual=True), {}),
+    'QAM single-action': ('qam', 'agents.qam', dict(action_chunking=False), {}),
+    'QAM single-action residual': ('qam', 'agents.qam', dict(action_chunking=False, residual=True), {}),
+    'QAM other switches': ('qam', 'agents.qam', dict(action_chunking=True, **OTHER_SWITCHES), {}),
+    'QAM-F': ('qam', 'agents.qam', dict(action_chunking=True, fql_alpha=10.0), {}),
+    'QAM-F residual': ('qam', 'agents.qam', dict(action_chunking=True, fql_alpha=10.0, residual=True), {}),
+    'QAM-F single-action': ('qam', 'agents.qam', dict(action_chunking=False, fql_alpha=10.0), {}),
+    'QAM-E': ('qam', 'agents.qam', dict(action_chunking=True, edit_scale=0.1), {}),
+    'QAM-E residual': ('qam', 'agents.qam', dict(action_chunking=True, edit_scale=0.1, residual=True), {}),
+    'QAM-E single-action': ('qam', 'agents.qam', dict(action_chunking=False, edit_scale=0.1), {}),
+    'FQL (ACFQL with rho)': ('acfql', 'agents.fql', dict(action_chunking=True), QAM_FQL),
+    'FQL single-action (ACFQL with rho)': ('acfql', 'agents.fql', dict(action_chunking=False), QAM_FQL),
+}
+TOLERANCE = 1e-5
+GROUPS = ('loss', 'info', 'grad', 'adjoint', 'update', 'batch_update', 'actions')
+
+
+def renamed(key):
+    """The key of a reference array (a parameter, its gradient, ...) here (None: of a module this project does not
+    build)."""
+    if '/modules_target_actor_fast/' in key:
+        return None  # their QAM builds a target of the fine-tuned flow that nothing reads
+    return key.replace('modules_edit_alpha/log_value', 'modules_edit_alpha/log_temp')
+
+
+def load_params(agent, theirs):
+    """`agent` with the reference's parameters (same module names and shapes, else an error) and a fresh optimizer
+    state; also the largest difference of the two codes' initial parameters."""
+    ours = probe.flatten(agent.network.params, 'params/')
+    mapped = {renamed(k): v for k, v in theirs.items() if k.startswith('params/') and renamed(k)}
+    if set(mapped) != set(ours):
+        only_theirs, only_ours = sorted(set(mapped) - set(ours)), sorted(set(ours) - set(mapped))
+        raise SystemExit(f'parameter names differ: only theirs {only_theirs}, only ours {only_ours}')
+    init_gap = 0.0
+    for k, v in ours.items():
+        if v.shape != mapped[k].shape:
+            raise SystemExit(f'{k}: shape {v.shape} here, {mapped[k].shape} in the reference')
+        init_gap = max(init_gap, float(np.abs(v - mapped[k]).max()))
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(agent.network.params)
+    names = ['params/' + '/'.join(str(k.key) for k in path) for path, _ in leaves]
+    params = jax.tree_util.tree_unflatten(treedef, [mapped[n] for n in names])
+    network = agent.network.replace(params=params, opt_state=agent.network.tx.init(params))
+    return agent.replace(network=network), init_gap
+
+
+def group_of(key):
+    if key == 'actions' or key.startswith('adjoint/') or key.startswith('batch_update/'):
+        return key.split('/')[0]
+    if key.startswith('update/'):
+        return 'update'
+    part = key.split('/')[1]
+    return {'loss': 'loss', 'info': 'info', 'grad': 'grad'}[part]
+
+
+def compare(ours, theirs):
+    """{group: (worst relative error, its key)} over every array the reference wrote (bar params and draws), and the
+    keys this project lacks."""
+    worst, missing = {}, []
+    for their_key, t in theirs.items():
+        key = renamed(their_key)
+        if key is None or key.startswith(('params/', 'draws/', 'ndraws/')):
+            continue
+        if key not in ours:
+            missing.append(key)
+            continue
+        o = np.asarray(ours[key], dtype=np.float64)
+        t = np.asarray(t, dtype=np.float64)
+        if o.shape != t.shape:
+            missing.append(f'{key} (shape {o.shape} here, {t.shape} there)')
+            continue
+        norm = np.linalg.norm(t)
+        err = float(np.linalg.norm(o - t) / norm) if norm > 0 else float(np.linalg.norm(o))
+        group = group_of(key)
+        if group not in worst or err > worst[group][0]:
+            worst[group] = (err, key)
+    return worst, missing
+
+
+def our_config(agent_name, shared, extra):
+    from agents import agents
+
+    module = sys.modules[agents[agent_name].__module__]
+    config = module.get_config()
+    config.update({k: tuple(v) if isinstance(v, list) else v for k, v in {**SMALL, **shared, **extra}.items()})
+    config['horizon_length'] = probe.HORIZON
+    return agents[agent_name], config
+
+
+def run_case(name, reference, work_dir):
+    agent_name, their_module, shared, extra = CASES[name]
+    record = agent_name == 'acfql'
+    out = os.path.join(work_dir, f'{"".join(c if c.isalnum() else "_" for c in name)}.npz')
+    argv = [
+        sys.executable, os.path.join(ROOT, 'benchmarks', 'reference_grads_probe.py'), f'--module={their_module}',
+        f'--config={json.dumps({**SMALL, **shared})}', f'--out={out}', *(['--record'] if record else []),
+    ]  # fmt: skip
+    env = dict(os.environ, PYTHONPATH=os.path.abspath(reference))
+    done = subprocess.run(argv, cwd=os.path.abspath(reference), env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f'the reference failed on {name}:\n{done.stderr[-3000:]}')
+    theirs = dict(np.load(out))
+    cls, config = our_config(agent_name, shared, extra)
+    agent = cls.create(probe.SEED, *probe.example_inputs(), config)
+    agent, init_gap = load_params(agent, theirs)
+    adjoint = (lambda a, obs, key: a.adjoint_pass(obs, key)) if hasattr(agent, 'adjoint_pass') else None
+    ours = probe.probe(agent, adjoint, replay=theirs if record else None)
+    worst, missing = compare(ours, theirs)
+    for step in ('update', 'batch_update'):  # a comparison of parameters that did not move would prove nothing
+        moved = [k for k in ours if k.startswith(f'{step}/params/modules_critic/')]
+        if moved and all(np.array_equal(ours[k], ours['params/' + k.split('/params/')[1]]) for k in moved):
+            missing.append(f'{step}: the critic did not change')
+    return dict(case=name, init_gap=init_gap, worst=worst, missing=missing, noise='replayed' if record else 'keys')
+
+
+def table(results):
+    lines = [
+        '| case | noise | ' + ' | '.join(GROUPS) + ' | same initial params |',
+        '|---|---|' + '---|' * len(GROUPS) + '---|',
+    ]
+    for r in results:
+        cells = [f'{r["worst"][g][0]:.1e}' if g in r['worst'] else '-' for g in GROUPS]
+        init = 'yes' if r['init_gap'] == 0 else f'no ({r["init_gap"]:.1e})'
+        lines.append(f'| {r["case"]} | {r["noise"]} | ' + ' | '.join(cells) + f' | {init} |')
+    return '\n'.join(lines)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('--reference', required=True, help='a checkout of github ColinQiyangLi/qam')
+    parser.add_argument('--cases', default=','.join(CASES), help='comma-separated case names (default: all)')
+    parser.add_argument('--out', default=os.path.join(ROOT, 'benchmarks', 'results_reference_grads.json'))
+    args = parser.parse_args(argv)
+    names = [c.strip() for c in args.cases.split(',') if c.strip()]
+    unknown = [n for n in names if n not in CASES]
+    if unknown:
+        sys.exit(f'error: unknown case(s) {unknown}; choose from {list(CASES)}')
+    if not os.path.isfile(os.path.join(args.reference, 'agents', 'qam.py')):
+        sys.exit(f'error: {args.reference} is not a checkout of github ColinQiyangLi/qam (no agents/qam.py there)')
+    results = []
+    with tempfile.TemporaryDirectory() as work_dir:
+        for name in names:
+            results.append(run_case(name, args.reference, work_dir))
+            r = results[-1]
+            worst = max((v for v in r['worst'].values()), default=(0.0, ''))
+            print(f'{name}: worst relative error {worst[0]:.1e} ({worst[1]}); missing here: {r["missing"]}', flush=True)
+    print(table(results))
+    failed = [r['case'] for r in results if r['missing'] or any(v[0] > TOLERANCE for v in r['worst'].values())]
+    with open(args.out, 'w') as f:
+        json.dump(dict(results=results, tolerance=TOLERANCE, machine=machine_info()), f, indent=1)
+    print(f'wrote {args.out}')
+    if failed:
+        sys.exit(f'above {TOLERANCE:g} relative (or missing arrays): {failed}')
+
+
+if __name__ == '__main__':
+    main()
