@@ -16,9 +16,9 @@ import ml_collections
 
 from utils.config_rules import boolean, fraction, non_negative, one_of, optional, positive, widths
 from utils.encoders import encoder_modules
-from utils.flax_utils import ModuleDict, TrainState, adam, nonpytree_field, scan_updates, target_update
-from utils.flows import best_of_n, chunk_actions, euler_flow, flow_matching_pair
-from utils.networks import ActorVectorField, Value, aggregate_q, batched_examples
+from utils.flax_utils import adam, gradient_step, init_network, nonpytree_field, scan_updates, sum_losses
+from utils.flows import best_of_n, chunk_actions, chunk_td_loss, euler_flow, example_chunks, flow_matching_pair
+from utils.networks import ActorVectorField, Value, aggregate_q
 
 ACTOR_TYPES = ('distill-ddpg', 'best-of-n')
 Q_AGGS = ('mean', 'min')
@@ -38,22 +38,7 @@ class ACFQLAgent(flax.struct.PyTreeNode):
 
     def critic_loss(self, batch, grad_params, rng):
         """TD loss of Q(s, a_0:H) toward the H-step return bootstrapped with the target critic."""
-        actions = chunk_actions(batch['actions'], self.config['action_chunking'])  # (B, H * A) or (B, A)
-        last_next_obs = batch['next_observations'][..., -1, :]
-        next_actions = self.sample_actions(last_next_obs, rng=rng)
-        next_qs = self.network.select('target_critic')(last_next_obs, next_actions)  # (num_qs, B)
-        next_q = aggregate_q(next_qs, self.config['q_agg'], self.config['rho'])
-        horizon = self.config['horizon_length']
-        target_q = batch['rewards'][..., -1] + self.config['discount'] ** horizon * batch['masks'][..., -1] * next_q
-
-        q = self.network.select('critic')(batch['observations'], actions, params=grad_params)  # (num_qs, B)
-        critic_loss = (jnp.square(q - target_q) * batch['valid'][..., -1]).mean()
-        return critic_loss, {
-            'critic_loss': critic_loss,
-            'q_mean': q.mean(),
-            'q_max': q.max(),
-            'q_min': q.min(),
-        }
+        return chunk_td_loss(self, batch, grad_params, rng, self.config['q_agg'])
 
     def actor_loss(self, batch, grad_params, rng):
         """Flow-matching BC loss on dataset chunks; for distill-ddpg also the one-step distillation and Q losses."""
@@ -99,22 +84,13 @@ class ACFQLAgent(flax.struct.PyTreeNode):
         """Critic loss plus actor loss, with `critic/` and `actor/` prefixed infos."""
         rng = rng if rng is not None else self.rng
         critic_rng, actor_rng = jax.random.split(rng)
-        critic_loss, critic_info = self.critic_loss(batch, grad_params, critic_rng)
-        actor_loss, actor_info = self.actor_loss(batch, grad_params, actor_rng)
-        info = {f'critic/{k}': v for k, v in critic_info.items()}
-        info.update({f'actor/{k}': v for k, v in actor_info.items()})
-        return critic_loss + actor_loss, info
+        return sum_losses(
+            critic=self.critic_loss(batch, grad_params, critic_rng),
+            actor=self.actor_loss(batch, grad_params, actor_rng),
+        )
 
     def _update(self, batch):
-        new_rng, rng = jax.random.split(self.rng)
-
-        def loss_fn(grad_params):
-            return self.total_loss(batch, grad_params, rng=rng)
-
-        new_network, info = self.network.apply_loss_fn(loss_fn)
-        new_params = target_update(new_network, 'critic', self.config['tau'], source_params=self.network.params)
-        new_network = new_network.replace(params=new_params)
-        return self.replace(network=new_network, rng=new_rng), info
+        return gradient_step(self, batch, targets=('critic',))
 
     @jax.jit
     def update(self, batch):
@@ -169,8 +145,6 @@ class ACFQLAgent(flax.struct.PyTreeNode):
             config: The agent's config (see `get_config`), with `horizon_length` set.
         """
         config = dict(config)
-        if config.get('horizon_length') is None or config['horizon_length'] < 1:
-            raise ValueError(f'horizon_length must be a positive integer, got {config.get("horizon_length")}')
         if config['actor_type'] not in ACTOR_TYPES:
             raise ValueError(f'Unknown actor_type {config["actor_type"]!r}; choose one of {", ".join(ACTOR_TYPES)}')
         if config['q_agg'] not in Q_AGGS:
@@ -178,11 +152,9 @@ class ACFQLAgent(flax.struct.PyTreeNode):
 
         rng = jax.random.PRNGKey(seed)
         rng, init_rng = jax.random.split(rng)
-        ex_observations, ex_actions = batched_examples(ex_observations, ex_actions)  # (B, *obs), (B, A)
+        ex_observations, ex_actions, full_actions = example_chunks(config, ex_observations, ex_actions)
         action_dim = ex_actions.shape[-1]
-        horizon = config['horizon_length'] if config['action_chunking'] else 1
-        full_actions = jnp.concatenate([ex_actions] * horizon, axis=-1)  # (B, H * A)
-        full_action_dim = full_actions.shape[-1]
+        full_action_dim = full_actions.shape[-1]  # H * A, or A without chunking
         ex_times = ex_actions[..., :1]
 
         encoders = {}
@@ -214,13 +186,7 @@ class ACFQLAgent(flax.struct.PyTreeNode):
             actor_bc_flow=(actor_def('actor_bc_flow'), (ex_observations, full_actions, ex_times)),
             actor_onestep_flow=(actor_def('actor_onestep_flow'), (ex_observations, full_actions)),
         )
-        networks = {k: v[0] for k, v in network_info.items()}
-        network_args = {k: v[1] for k, v in network_info.items()}
-        network_def = ModuleDict(networks)
-        network_tx = adam(config['lr'], config['weight_decay'])
-        network_params = network_def.init(init_rng, **network_args)['params']
-        network_params['modules_target_critic'] = network_params['modules_critic']
-        network = TrainState.create(network_def, network_params, tx=network_tx)
+        network = init_network(network_info, init_rng, adam(config['lr'], config['weight_decay']), targets=('critic',))
 
         config['ob_dims'] = tuple(ex_observations.shape[1:])
         config['action_dim'] = action_dim

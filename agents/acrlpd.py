@@ -12,9 +12,9 @@ import ml_collections
 from rlpd_distributions import TanhNormal
 from rlpd_networks import MLP, Ensemble, StateActionValue
 from utils.config_rules import boolean, fraction, non_negative, number, one_of, optional, positive, widths
-from utils.flax_utils import ModuleDict, TrainState, adam, nonpytree_field, scan_updates, target_update
-from utils.flows import chunk_actions
-from utils.networks import Temperature, aggregate_q, batched_examples
+from utils.flax_utils import adam, gradient_step, init_network, nonpytree_field, scan_updates, sum_losses
+from utils.flows import chunk_actions, example_chunks
+from utils.networks import Temperature, aggregate_q
 
 # Dataset chunks are pulled this far inside (-1, 1) before the BC log-prob, where atanh is finite.
 BC_ACTION_CLIP = 1e-5
@@ -91,24 +91,14 @@ class ACRLPDAgent(flax.struct.PyTreeNode):
     def total_loss(self, batch, grad_params, rng):
         """Sum of the critic, actor and temperature losses; info keys are prefixed by component."""
         critic_rng, actor_rng = jax.random.split(rng)
-        total, info = 0.0, {}
-        for prefix, loss_fn, key in (
-            ('critic', self.critic_loss, critic_rng),
-            ('actor', self.actor_loss, actor_rng),
-            ('alpha', self.temperature_loss, actor_rng),  # the actor loss's sample (same key, no gradient)
-        ):
-            loss, loss_info = loss_fn(batch, grad_params, key)
-            total = total + loss
-            info.update({f'{prefix}/{k}': v for k, v in loss_info.items()})
-        return total, info
+        return sum_losses(
+            critic=self.critic_loss(batch, grad_params, critic_rng),
+            actor=self.actor_loss(batch, grad_params, actor_rng),
+            alpha=self.temperature_loss(batch, grad_params, actor_rng),  # the actor's sample (same key, no gradient)
+        )
 
     def _update(self, batch):
-        new_rng, loss_rng = jax.random.split(self.rng)
-        network, info = self.network.apply_loss_fn(lambda grad_params: self.total_loss(batch, grad_params, loss_rng))
-        network = network.replace(
-            params=target_update(network, 'critic', self.config['tau'], source_params=self.network.params)
-        )
-        return self.replace(network=network, rng=new_rng), info
+        return gradient_step(self, batch, targets=('critic',))
 
     @jax.jit
     def update(self, batch):
@@ -138,21 +128,15 @@ class ACRLPDAgent(flax.struct.PyTreeNode):
             config: The `get_config()` dict with `horizon_length` set.
         """
         config = ml_collections.ConfigDict(config).to_dict()
-        if config['horizon_length'] is None:
-            raise ValueError('config.horizon_length must be set (the backup is H steps long even without chunking).')
         if config['q_agg'] not in ('mean', 'min'):
             raise ValueError(f"q_agg must be 'mean' or 'min', got {config['q_agg']!r}")
 
         rng = jax.random.PRNGKey(seed)
         rng, init_rng = jax.random.split(rng)
 
-        ex_observations, ex_actions = batched_examples(ex_observations, ex_actions)  # (B, obs), (B, A)
+        ex_observations, ex_actions, ex_full_actions = example_chunks(config, ex_observations, ex_actions)
         action_dim = ex_actions.shape[-1]
-        if config['action_chunking']:
-            ex_full_actions = jnp.concatenate([ex_actions] * config['horizon_length'], axis=-1)  # (B, H*A)
-        else:
-            ex_full_actions = ex_actions  # (B, A)
-        full_action_dim = ex_full_actions.shape[-1]
+        full_action_dim = ex_full_actions.shape[-1]  # H * A, or A without chunking
         if config['target_entropy'] is None:
             config['target_entropy'] = -config['target_entropy_multiplier'] * full_action_dim
 
@@ -162,23 +146,13 @@ class ACRLPDAgent(flax.struct.PyTreeNode):
         critic_def = Ensemble(functools.partial(StateActionValue, base_cls=critic_base_cls), num=config['num_qs'])
         actor_base_cls = functools.partial(MLP, hidden_dims=config['actor_hidden_dims'], activate_final=True)
         actor_def = TanhNormal(actor_base_cls, full_action_dim)
-        network_def = ModuleDict(
-            dict(
-                critic=critic_def,
-                target_critic=copy.deepcopy(critic_def),
-                actor=actor_def,
-                temp=Temperature(config['init_temp']),
-            )
+        network_info = dict(
+            critic=(critic_def, (ex_observations, ex_full_actions)),
+            target_critic=(copy.deepcopy(critic_def), (ex_observations, ex_full_actions)),
+            actor=(actor_def, (ex_observations,)),
+            temp=(Temperature(config['init_temp']), ()),
         )
-        params = network_def.init(
-            init_rng,
-            critic=(ex_observations, ex_full_actions),
-            target_critic=(ex_observations, ex_full_actions),
-            actor=(ex_observations,),
-            temp=(),
-        )['params']
-        params['modules_target_critic'] = params['modules_critic']
-        network = TrainState.create(network_def, params, tx=adam(config['lr']))
+        network = init_network(network_info, init_rng, adam(config['lr']), targets=('critic',))
 
         config['action_dim'] = action_dim
         config['ob_dims'] = tuple(ex_observations.shape[1:])

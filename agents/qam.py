@@ -31,9 +31,9 @@ from utils.config_rules import (
     positive,
     widths,
 )
-from utils.flax_utils import ModuleDict, TrainState, adam, nonpytree_field, scan_updates, target_update
-from utils.flows import best_of_n, chunk_actions, euler_flow, flow_matching_pair
-from utils.networks import MLP, ActorVectorField, Temperature, Value, aggregate_q, batched_examples
+from utils.flax_utils import adam, gradient_step, init_network, nonpytree_field, scan_updates, sum_losses
+from utils.flows import best_of_n, chunk_actions, chunk_td_loss, euler_flow, example_chunks, flow_matching_pair
+from utils.networks import MLP, ActorVectorField, Temperature, Value
 
 
 class QAMAgent(flax.struct.PyTreeNode):
@@ -46,22 +46,7 @@ class QAMAgent(flax.struct.PyTreeNode):
     def critic_loss(self, batch, grad_params, rng):
         """TD loss of every critic toward the H-step return bootstrapped with mean - rho * std of the target ensemble
         at the policy's next chunk; chunks that run past an episode end are left out (`valid[..., -1]`)."""
-        actions = chunk_actions(batch['actions'], self.config['action_chunking'])  # (B, H * A) or (B, A)
-        last_next_obs = batch['next_observations'][..., -1, :]
-        next_actions = self.sample_actions(last_next_obs, rng=rng)
-        next_qs = self.network.select('target_critic')(last_next_obs, next_actions)  # (num_qs, B)
-        next_q = aggregate_q(next_qs, 'mean', self.config['rho'])
-        horizon = self.config['horizon_length']
-        target_q = batch['rewards'][..., -1] + self.config['discount'] ** horizon * batch['masks'][..., -1] * next_q
-
-        q = self.network.select('critic')(batch['observations'], actions, params=grad_params)  # (num_qs, B)
-        critic_loss = (jnp.square(q - target_q) * batch['valid'][..., -1]).mean()
-        return critic_loss, {
-            'critic_loss': critic_loss,
-            'q_mean': q.mean(),
-            'q_max': q.max(),
-            'q_min': q.min(),
-        }
+        return chunk_td_loss(self, batch, grad_params, rng)
 
     def adjoint_pass(self, observations, rng):
         """The memoryless trajectory of the fine-tuned flow and its lean adjoints, neither differentiated.
@@ -189,23 +174,13 @@ class QAMAgent(flax.struct.PyTreeNode):
         """Critic loss plus actor loss, with `critic/` and `actor/` prefixed infos."""
         rng = rng if rng is not None else self.rng
         _, actor_rng, critic_rng = jax.random.split(rng, 3)
-        critic_loss, critic_info = self.critic_loss(batch, grad_params, critic_rng)
-        actor_loss, actor_info = self.actor_loss(batch, grad_params, actor_rng)
-        info = {f'critic/{k}': v for k, v in critic_info.items()}
-        info.update({f'actor/{k}': v for k, v in actor_info.items()})
-        return critic_loss + actor_loss, info
+        return sum_losses(
+            critic=self.critic_loss(batch, grad_params, critic_rng),
+            actor=self.actor_loss(batch, grad_params, actor_rng),
+        )
 
     def _update(self, batch):
-        new_rng, rng = jax.random.split(self.rng)
-
-        def loss_fn(grad_params):
-            return self.total_loss(batch, grad_params, rng=rng)
-
-        new_network, info = self.network.apply_loss_fn(loss_fn)
-        params = target_update(new_network, 'critic', self.config['tau'], source_params=self.network.params)
-        new_network = new_network.replace(params=params)
-        params = target_update(new_network, 'actor_slow', self.config['tau'], source_params=self.network.params)
-        return self.replace(network=new_network.replace(params=params), rng=new_rng), info
+        return gradient_step(self, batch, targets=('critic', 'actor_slow'))
 
     @jax.jit
     def update(self, batch):
@@ -262,27 +237,17 @@ class QAMAgent(flax.struct.PyTreeNode):
 
     @classmethod
     def create(cls, seed, ex_observations, ex_actions, config):
-        """Builds the agent.
-
-        Args:
-            seed: Seed of the agent's JAX key (initialization and sampling).
-            ex_observations: One example observation, obs_shape, or a batch of them, (B, *obs_shape).
-            ex_actions: One example single-step action, (A,), or a batch, (B, A), matching `ex_observations`.
-            config: The agent's config (see `get_config`), with `horizon_length` set.
-        """
+        """Builds the agent from one example observation (obs_shape) and single-step action (A,), or a batch of each,
+        and a `get_config()` with `horizon_length` set; `seed` fixes the initial params and the agent's key."""
         config = dict(config)
-        if config.get('horizon_length') is None or config['horizon_length'] < 1:
-            raise ValueError(f'horizon_length must be a positive integer, got {config.get("horizon_length")}')
         if config['fql_alpha'] > 0 and config['edit_scale'] > 0:
             raise ValueError('fql_alpha and edit_scale exclude each other: set only one > 0')
 
         rng = jax.random.PRNGKey(seed)
         rng, init_rng = jax.random.split(rng)
-        ex_observations, ex_actions = batched_examples(ex_observations, ex_actions)  # (B, *obs), (B, A)
+        ex_observations, ex_actions, full_actions = example_chunks(config, ex_observations, ex_actions)
         action_dim = ex_actions.shape[-1]
-        horizon = config['horizon_length'] if config['action_chunking'] else 1
-        full_actions = jnp.concatenate([ex_actions] * horizon, axis=-1)  # (B, H * A)
-        full_action_dim = full_actions.shape[-1]
+        full_action_dim = full_actions.shape[-1]  # H * A, or A without chunking
         ex_times = ex_actions[..., :1]
         if config['edit_target_entropy'] is None:
             config['edit_target_entropy'] = -config['edit_target_entropy_multiplier'] * full_action_dim
@@ -313,12 +278,8 @@ class QAMAgent(flax.struct.PyTreeNode):
                 (jnp.concatenate([ex_observations, full_actions], axis=-1),),
             )
             network_info['edit_alpha'] = (Temperature(), ())
-        network_def = ModuleDict({k: v[0] for k, v in network_info.items()})
         network_tx = adam(config['lr'], clip_norm=1.0 if config['clip_grad'] else None)
-        network_params = network_def.init(init_rng, **{k: v[1] for k, v in network_info.items()})['params']
-        network_params['modules_target_critic'] = network_params['modules_critic']
-        network_params['modules_target_actor_slow'] = network_params['modules_actor_slow']
-        network = TrainState.create(network_def, network_params, tx=network_tx)
+        network = init_network(network_info, init_rng, network_tx, targets=('critic', 'actor_slow'))
 
         config['ob_dims'] = tuple(ex_observations.shape[1:])
         config['action_dim'] = action_dim

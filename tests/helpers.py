@@ -86,36 +86,29 @@ def random_dataset(n=300, obs_dim=5, action_dim=2, episode_length=50, seed=0):
     )
 
 
+def _tiny_config(get_config, settings, overrides):
+    config = get_config()
+    for k, v in {**settings, **overrides}.items():
+        setattr(config, k, v)
+    return config
+
+
 def tiny_qam_config(horizon_length=3, **overrides):
     """QAM config with tiny networks and few flow steps (the adjoint pass is one VJP per step)."""
     from agents.qam import get_config
 
-    config = get_config()
-    config.horizon_length = horizon_length
-    config.actor_hidden_dims = (16, 16)
-    config.value_hidden_dims = (16, 16)
-    config.num_qs = 3
-    config.flow_steps = 3
-    config.batch_size = 16
-    for k, v in overrides.items():
-        setattr(config, k, v)
-    return config
+    settings = dict(horizon_length=horizon_length, actor_hidden_dims=(16, 16), value_hidden_dims=(16, 16), num_qs=3,
+                    flow_steps=3, batch_size=16)  # fmt: skip
+    return _tiny_config(get_config, settings, overrides)
 
 
 def tiny_acfql_config(horizon_length=3, **overrides):
     """ACFQL config with tiny networks so that tests compile and run in seconds on a CPU."""
     from agents.acfql import get_config
 
-    config = get_config()
-    config.horizon_length = horizon_length
-    config.actor_hidden_dims = (32, 32)
-    config.value_hidden_dims = (32, 32)
-    config.flow_steps = 3
-    config.actor_num_samples = 4
-    config.batch_size = 16
-    for k, v in overrides.items():
-        setattr(config, k, v)
-    return config
+    settings = dict(horizon_length=horizon_length, actor_hidden_dims=(32, 32), value_hidden_dims=(32, 32),
+                    flow_steps=3, actor_num_samples=4, batch_size=16)  # fmt: skip
+    return _tiny_config(get_config, settings, overrides)
 
 
 # A tiny main.py run on the generated cube-single data: 16x16 networks, chunks of 2, one evaluation episode; the

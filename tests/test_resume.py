@@ -33,7 +33,9 @@ TIME_COLUMNS = ('time/total', 'episode.duration')  # wall-clock values
 
 
 def args_for(data_dir, save_dir, exp_name, *extra):
-    return [f'--dataset_dir={data_dir}', f'--save_dir={save_dir}', f'--exp_name={exp_name}', *TINY, *extra]
+    agent = [a for a in extra if a.startswith('--agent=')]  # the config file comes before its keys
+    extra = [a for a in extra if not a.startswith('--agent=')]
+    return [*agent, f'--dataset_dir={data_dir}', f'--save_dir={save_dir}', f'--exp_name={exp_name}', *TINY, *extra]
 
 
 def run_dir_of(save_dir, exp_name):

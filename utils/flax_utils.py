@@ -152,6 +152,37 @@ def target_update(network, module_name, tau, source_params):
     return params
 
 
+def init_network(network_info, init_rng, tx, targets=()):
+    """The `TrainState` of the modules of `network_info` = {name: (module, example inputs)}, initialised with
+    `init_rng` and optimised by `tx`; each `target_<name>` of `targets` starts as a copy of `<name>`."""
+    network_def = ModuleDict({name: module for name, (module, _) in network_info.items()})
+    params = network_def.init(init_rng, **{name: inputs for name, (_, inputs) in network_info.items()})['params']
+    for name in targets:
+        params[f'modules_target_{name}'] = params[f'modules_{name}']
+    return TrainState.create(network_def, params, tx=tx)
+
+
+def sum_losses(**parts):
+    """The sum of named losses and their infos prefixed by name: `sum_losses(critic=(loss, info), ...)` gives
+    (total, {'critic/<key>': ...})."""
+    total, info = 0.0, {}
+    for prefix, (loss, loss_info) in parts.items():
+        total = total + loss
+        info.update({f'{prefix}/{k}': v for k, v in loss_info.items()})
+    return total, info
+
+
+def gradient_step(agent, batch, targets=('critic',)):
+    """One optimizer step of `agent.total_loss` on `batch` with the next key of `agent.rng`, then a soft update (rate
+    `config['tau']`) of each `target_<name>` of `targets` toward the pre-step `<name>`. Returns (agent, info)."""
+    new_rng, rng = jax.random.split(agent.rng)
+    network, info = agent.network.apply_loss_fn(lambda grad_params: agent.total_loss(batch, grad_params, rng=rng))
+    for name in targets:
+        params = target_update(network, name, agent.config['tau'], source_params=agent.network.params)
+        network = network.replace(params=params)
+    return agent.replace(network=network, rng=new_rng), info
+
+
 def scan_updates(update_fn, agent, batches):
     """Applies `update_fn(agent, batch) -> (agent, info)` over the leading axis of `batches` in one `lax.scan`.
 

@@ -1,8 +1,11 @@
-"""What the flow agents share: chunk reshaping, the flow-matching regression pair, Euler integration of a flow and
-best-of-N selection by a critic. ACFQL, ACRLPD and QAM read them; each agent file keeps only its method's math."""
+"""What the flow agents share: chunk reshaping, the example chunks of `create`, QC's chunked TD loss, the
+flow-matching regression pair, Euler integration of a flow and best-of-N selection by a critic. ACFQL, ACRLPD and QAM
+read them; each agent file keeps only its method's math."""
 
 import jax
 import jax.numpy as jnp
+
+from utils.networks import aggregate_q, batched_examples
 
 
 def chunk_actions(actions, action_chunking):
@@ -11,6 +14,17 @@ def chunk_actions(actions, action_chunking):
     if action_chunking:
         return jnp.reshape(actions, (*actions.shape[:-2], -1))
     return actions[..., 0, :]
+
+
+def example_chunks(config, ex_observations, ex_actions):
+    """What `create` initialises the networks with: the examples with one batch axis (`batched_examples`) and the
+    example chunk, (B, H * A) when `action_chunking`, else (B, A). Refuses a config without a chunk length."""
+    horizon = config.get('horizon_length')
+    if horizon is None or horizon < 1:
+        raise ValueError(f'horizon_length must be a positive integer, got {horizon} (the backup is H steps long)')
+    ex_observations, ex_actions = batched_examples(ex_observations, ex_actions)  # (B, *obs), (B, A)
+    full_actions = jnp.concatenate([ex_actions] * (horizon if config['action_chunking'] else 1), axis=-1)
+    return ex_observations, ex_actions, full_actions
 
 
 def flow_matching_pair(noise_rng, time_rng, x_1):
@@ -35,3 +49,22 @@ def best_of_n(candidates, q):
     """The candidate (..., N, D) with the highest score q (..., N), per leading index: (..., D)."""
     best = jnp.argmax(q, axis=-1)
     return jnp.take_along_axis(candidates, best[..., None, None], axis=-2)[..., 0, :]
+
+
+def chunk_td_loss(agent, batch, grad_params, rng, q_agg='mean'):
+    """QC's chunked TD loss: every critic of `agent`'s ensemble regresses onto the H-step return bootstrapped with
+    the target ensemble's aggregate (`q_agg`, minus `config['rho']` times its std) at the policy's next chunk
+    (`agent.sample_actions` on the last next observation); chunks that run past an episode end are left out
+    (`valid[..., -1]`). Returns (loss, info)."""
+    config = agent.config
+    actions = chunk_actions(batch['actions'], config['action_chunking'])  # (B, H * A) or (B, A)
+    last_next_obs = batch['next_observations'][..., -1, :]
+    next_actions = agent.sample_actions(last_next_obs, rng=rng)
+    next_qs = agent.network.select('target_critic')(last_next_obs, next_actions)  # (num_qs, B)
+    next_q = aggregate_q(next_qs, q_agg, config['rho'])
+    discount = config['discount'] ** config['horizon_length']
+    target_q = batch['rewards'][..., -1] + discount * batch['masks'][..., -1] * next_q
+
+    q = agent.network.select('critic')(batch['observations'], actions, params=grad_params)  # (num_qs, B)
+    critic_loss = (jnp.square(q - target_q) * batch['valid'][..., -1]).mean()
+    return critic_loss, {'critic_loss': critic_loss, 'q_mean': q.mean(), 'q_max': q.max(), 'q_min': q.min()}
