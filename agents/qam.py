@@ -152,9 +152,8 @@ class QAMAgent(flax.struct.PyTreeNode):
         noises = jax.random.normal(noise_rng, (observations.shape[0], self.config['full_action_dim']))
         flow_actions = self.compute_flow_actions(observations, noises, self._fine_flow())
         edit_inputs = jnp.concatenate([observations, flow_actions], axis=-1)
-        edit, log_probs = self.network.select('edit_actor')(edit_inputs, params=grad_params).sample_and_log_prob(
-            seed=sample_rng
-        )
+        edit_dist = self.network.select('edit_actor')(edit_inputs, params=grad_params)
+        edit, log_probs = edit_dist.sample_and_log_prob_event_first(sample_rng)  # the reference's (TFP's) draws
         edited = jnp.clip(flow_actions + self.config['edit_scale'] * edit, -1, 1)
         q_loss = -self.network.select('critic')(observations, edited).mean(axis=0).mean()
         entropy_loss = (log_probs * self.network.select('edit_alpha')()).mean()
@@ -230,7 +229,8 @@ class QAMAgent(flax.struct.PyTreeNode):
             actions = self.compute_flow_actions(obs_rep, noises, flows)
             if self.config['edit_scale'] > 0:
                 edit_dist = self.network.select('edit_actor')(jnp.concatenate([obs_rep, actions], axis=-1))
-                actions = actions + self.config['edit_scale'] * edit_dist.sample(seed=edit_rng)
+                edit, _ = edit_dist.sample_and_log_prob_event_first(edit_rng)
+                actions = actions + self.config['edit_scale'] * edit
             actions = jnp.clip(actions, -1, 1)
         q = self.network.select('critic')(obs_rep, actions).mean(axis=0)  # (..., N)
         return best_of_n(actions, q)

@@ -272,3 +272,21 @@ def test_bad_settings_are_refused(dataset):
     with pytest.raises(UsageError, match='fql_alpha.*edit_scale'):
         check_config({**config, 'fql_alpha': 1.0, 'edit_scale': 0.1}, CONFIG_RULES, 'agents/qam.py', CONFIG_CHECKS)
     check_config(dict(config), CONFIG_RULES, 'agents/qam.py', CONFIG_CHECKS)  # the defaults pass
+
+
+def test_edit_policy_draws_its_noise_event_axis_first_as_the_reference_does(dataset):
+    """QAM-E's reference samples the edit with TFP, whose diagonal Gaussian draws normal(key, (D, *batch)) and moves
+    the event axis last; the same key must give the same edit here."""
+    agent = perturbed(make_agent(dataset, edit_scale=0.5), 'edit_actor')
+    obs = jnp.asarray(dataset['observations'][:6])
+    rng = jax.random.PRNGKey(11)
+    noise_rng, edit_rng = jax.random.split(rng)
+    flow = agent.compute_flow_actions(obs, jax.random.normal(noise_rng, (6, 1, H * ACTION_DIM))[:, 0], ('actor_fast',))
+    dist = agent.network.select('edit_actor')(jnp.concatenate([obs, flow], axis=-1))
+    loc, scale = dist.distribution.loc, dist.distribution.scale_diag  # (6, D)
+    eps = jax.random.normal(edit_rng, (H * ACTION_DIM, 6)).T
+    expected = jnp.clip(flow + 0.5 * jnp.tanh(loc + scale * eps), -1, 1)
+    np.testing.assert_allclose(agent.sample_actions(obs, rng=rng), expected, rtol=1e-5, atol=1e-6)
+    edit, log_prob = dist.sample_and_log_prob_event_first(edit_rng)
+    np.testing.assert_allclose(edit, jnp.tanh(loc + scale * eps), rtol=1e-6)
+    np.testing.assert_allclose(log_prob, dist.log_prob(edit), rtol=1e-3)  # unsaturated: tanh inverts accurately
