@@ -48,7 +48,9 @@ PRESETS = {
     ]),
     # QAM (github ColinQiyangLi/qam), offline then online; the task of issue 45's command.
     'qam': ('main.py', [
+        # action_chunking is passed: their get_config defaults it to False, every command of theirs sets True.
         '--env_name=cube-single-play-singletask-task2-v0', '--agent=agents/qam.py', '--horizon_length=5',
+        '--agent.action_chunking=True',
         '--agent.actor_hidden_dims=(128,128)', '--agent.value_hidden_dims=(128,128)', '--agent.batch_size=128',
     ]),
 }  # fmt: skip
