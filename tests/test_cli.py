@@ -29,7 +29,9 @@ def test_help_lists_every_run_setting_and_every_agent_key():
     for preset, module, path in cases:
         text = help_text(preset, path, 'main.py', 'summary')
         shown = [n for n in fields if f'    --{n} ' in text or text.count(f'--{n}\n')]
-        offline_only = {'offline_steps', 'fused_steps'} if not preset.offline else set()
+        offline_only = {n for n in fields if RunConfig.__dataclass_fields__[n].metadata['phase'] == 'offline'}
+        offline_only = offline_only if not preset.offline else set()
+        assert {'offline_steps', 'fused_steps', 'balanced_sampling'} <= offline_only or preset.offline
         assert set(fields) - set(shown) == offline_only
         comments = agent_key_comments(module)
         for key, value in module.get_config().items():

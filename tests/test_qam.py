@@ -52,8 +52,7 @@ def assert_trees_close(a, b, **kwargs):
     jax.tree_util.tree_map(lambda x, y: np.testing.assert_allclose(np.asarray(x), np.asarray(y), **kwargs), a, b)
 
 
-@pytest.mark.parametrize('residual', [False, True])
-@pytest.mark.parametrize('target_actor', [True, False])
+@pytest.mark.parametrize('residual, target_actor', [(False, True), (True, False)])
 def test_adjoint_pass_matches_a_hand_rolled_loop_with_explicit_jacobians(dataset, residual, target_actor):
     steps, inv_temp = 4, 0.7
     agent = make_agent(dataset, residual=residual, target_actor=target_actor, flow_steps=steps, inv_temp=inv_temp)
@@ -132,8 +131,7 @@ def ensemble_outputs(params, values):
     return {**params, 'value_net': {**params['value_net'], last: layer}}
 
 
-@pytest.mark.parametrize('cls', [QAMAgent, ACFQLAgent])
-@pytest.mark.parametrize('rho', [0.0, 0.5])
+@pytest.mark.parametrize('cls, rho', [(QAMAgent, 0.5), (ACFQLAgent, 0.5), (ACFQLAgent, 0.0)])
 def test_critic_target_is_the_ensemble_mean_minus_rho_std(dataset, cls, rho):
     values = [1.0, 2.0, 4.0, -1.0]
     agent = make_agent(dataset, cls, num_qs=4, rho=rho)
@@ -172,8 +170,11 @@ def test_bc_flow_loss_leaves_out_chunks_that_run_past_an_episode_end(dataset, cl
     assert not np.isclose(float(expected), float(sq_err.mean()))  # the weighting matters on this batch
 
 
-@pytest.mark.parametrize('variant', [{}, {'fql_alpha': 10.0}, {'edit_scale': 0.1}], ids=['QAM', 'QAM-F', 'QAM-E'])
-@pytest.mark.parametrize('chunking', [True, False])
+@pytest.mark.parametrize(
+    'variant, chunking',
+    [({}, True), ({'fql_alpha': 10.0}, False), ({'edit_scale': 0.1}, True), ({'edit_scale': 0.1}, False)],
+    ids=['QAM', 'QAM-F-single', 'QAM-E', 'QAM-E-single'],
+)
 def test_actions_have_the_chunk_shape_and_stay_in_bounds(dataset, variant, chunking):
     agent = make_agent(dataset, action_chunking=chunking, best_of_n=3, **variant)
     width = H * ACTION_DIM if chunking else ACTION_DIM
@@ -198,7 +199,7 @@ def test_best_of_n_keeps_the_fine_tuned_chunk_the_critic_ranks_highest(dataset):
     assert not np.allclose(bc, chosen)
 
 
-@pytest.mark.parametrize('variant', [{}, {'fql_alpha': 10.0}, {'edit_scale': 0.1}], ids=['QAM', 'QAM-F', 'QAM-E'])
+@pytest.mark.parametrize('variant', [{'fql_alpha': 10.0}, {'edit_scale': 0.1}], ids=['QAM-F', 'QAM-E'])
 def test_batch_update_equals_sequential_updates(dataset, variant):
     agent = make_agent(dataset, **variant)
     batches = [dataset.sample_sequence(16, H, 0.99) for _ in range(3)]
