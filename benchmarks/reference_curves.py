@@ -83,11 +83,48 @@ def run_flags(args):
     ]  # fmt: skip
 
 
-def eval_csv(work_dir, code, seed):
-    """The eval.csv of a run (None before it exists)."""
-    pattern = {'ours': 'Debug/*/eval.csv', 'reference': 'qc/Debug/*/*/eval.csv'}[code]
+def eval_csv(work_dir, code, seed, name='eval.csv'):
+    """The eval.csv (or another log `name`) of a run (None before it exists)."""
+    pattern = {'ours': f'Debug/*/{name}', 'reference': f'qc/Debug/*/*/{name}'}[code]
     found = sorted(glob.glob(os.path.join(work_dir, code, f'seed{seed}', pattern)))
     return found[-1] if found else None
+
+
+# Training metrics both codes log under the same names, compared at each phase's last logged step.
+LOSS_KEYS = ('critic/critic_loss', 'critic/q_mean', 'actor/flow_loss', 'actor/adj_loss', 'actor/bc_flow_loss')
+
+
+def loss_rows(work_dir, seeds, seed=0):
+    """Per phase log and metric both codes logged: each code's mean and sample std over the finished `seeds` at the
+    last logged step, and the permutation p-value. A mismatch of settings between the codes shows here first."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for name in ('offline_agent.csv', 'online_agent.csv'):
+        last = {code: [] for code in CODES}
+        for code in CODES:
+            for s in seeds[code]:
+                path = eval_csv(work_dir, code, s, name)
+                if path:
+                    with open(path) as f:
+                        last[code].append(list(csv.DictReader(f))[-1])
+        if not all(last.values()):
+            continue
+        for key in LOSS_KEYS:
+            if all(key in r for code in CODES for r in last[code]):
+                values = {code: [float(r[key]) for r in last[code]] for code in CODES}
+                step = int(float(last['ours'][0]['step']))
+                rows.append(dict(log=name, step=step, key=key, values=values,
+                                 p=permutation_p(values['ours'], values['reference'], rng)))  # fmt: skip
+    return rows
+
+
+def loss_table(rows):
+    lines = ['| log (step) | metric | this project | reference | p |', '|---|---|---|---|---|']
+    for r in rows:
+        a, b = (np.asarray(r['values'][code]) for code in CODES)
+        lines.append(f'| {r["log"]} ({r["step"]:,}) | `{r["key"]}` | {a.mean():.4g} ± {a.std(ddof=1):.2g} | '
+                     f'{b.mean():.4g} ± {b.std(ddof=1):.2g} | {r["p"]:.2f} |')  # fmt: skip
+    return '\n'.join(lines)
 
 
 def read_curve(path):
@@ -265,15 +302,16 @@ def table(rows, seeds):
 
 
 def collect(work_dir, last_step):
-    """{code: [curve per finished seed]}, seeds in order."""
-    curves = {code: [] for code in CODES}
+    """({code: [curve per finished seed]}, {code: [those seeds]}), seeds in order."""
+    curves, seeds = {code: [] for code in CODES}, {code: [] for code in CODES}
     for code in CODES:
         seed = 0
         while eval_csv(work_dir, code, seed) is not None:
             if finished(work_dir, code, seed, last_step):
                 curves[code].append(read_curve(eval_csv(work_dir, code, seed)))
+                seeds[code].append(seed)
             seed += 1
-    return curves
+    return curves, seeds
 
 
 def main(argv=None):
@@ -311,16 +349,19 @@ def main(argv=None):
         if not args.reference:
             parser.error('--reference is required (a checkout of the reference), unless --report_only')
         run_all(args)
-    curves = collect(args.work_dir, last_step(args))
+    curves, finished_seeds = collect(args.work_dir, last_step(args))
     if not all(curves[code] for code in CODES):
         sys.exit(f'error: no finished runs of both codes in {args.work_dir}')
     rows = compare(curves)
     seeds = {code: len(curves[code]) for code in CODES}
     print(table(rows, seeds))
+    losses = loss_rows(args.work_dir, finished_seeds)
+    if losses:
+        print(loss_table(losses))
     script, flags = run_flags(args)
     result = dict(
         command=f'python {script} ' + ' '.join(flags), seeds=seeds, machine=machine_info(),
-        rows=[{k: v for k, v in r.items()} for r in rows],
+        rows=[{k: v for k, v in r.items()} for r in rows], losses=losses,
     )  # fmt: skip
     with open(args.out, 'w') as f:
         json.dump(result, f, indent=1)

@@ -129,6 +129,25 @@ def test_reference_comparison_reads_both_codes_runs(tmp_path):
     result = json.loads(out.read_text())
     assert result['seeds'] == {'ours': 2, 'reference': 2}
     assert [r['step'] for r in result['rows']] == [10, 20, 'auc']
+    assert result['losses'] == []  # no training logs here
+
+
+def test_reference_comparison_compares_the_last_logged_losses_of_finished_runs(tmp_path):
+    for seed in (0, 1):
+        for code, run in (('ours', f'Debug/seed{seed}'), ('reference', f'qc/Debug/env/sd00{seed}_x')):
+            folder = tmp_path / code / f'seed{seed}' / run
+            write_eval_csv(folder / 'eval.csv', ['step', 'success'], [dict(step=20, success=0.0)])
+            loss = (1.0 if code == 'ours' else 5.0) + seed
+            write_eval_csv(folder / 'online_agent.csv', ['step', 'critic/critic_loss', 'other'],
+                           [dict(step=10, **{'critic/critic_loss': 99.0, 'other': 1}),
+                            dict(step=20, **{'critic/critic_loss': loss, 'other': 1})])  # fmt: skip
+    curves, seeds = reference_curves.collect(tmp_path, 20)
+    (row,) = reference_curves.loss_rows(tmp_path, seeds)
+    assert (row['log'], row['step'], row['key']) == ('online_agent.csv', 20, 'critic/critic_loss')
+    assert row['values'] == {'ours': [1.0, 2.0], 'reference': [5.0, 6.0]}
+    assert '| online_agent.csv (20) | `critic/critic_loss` | 1.5 ± 0.71 | 5.5 ± 0.71 |' in (
+        reference_curves.loss_table([row])
+    )
 
 
 @pytest.mark.parametrize(
