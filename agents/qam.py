@@ -150,10 +150,10 @@ class QAMAgent(flax.struct.PyTreeNode):
         with SAC's entropy term; the entropy weight is tuned toward `edit_target_entropy`."""
         noise_rng, sample_rng = jax.random.split(rng)
         noises = jax.random.normal(noise_rng, (observations.shape[0], self.config['full_action_dim']))
-        flow_actions = self.compute_flow_actions(observations, noises, self._fine_flow())
+        flow_actions = self.compute_flow_actions(observations, noises, self._fine_flow())  # (B, D)
         edit_inputs = jnp.concatenate([observations, flow_actions], axis=-1)
         edit_dist = self.network.select('edit_actor')(edit_inputs, params=grad_params)
-        edit, log_probs = edit_dist.sample_and_log_prob_event_first(sample_rng)  # the reference's (TFP's) draws
+        edit, log_probs = edit_dist.sample_and_log_prob_event_first(sample_rng)  # (B, D), (B,); TFP's draws
         edited = jnp.clip(flow_actions + self.config['edit_scale'] * edit, -1, 1)
         q_loss = -self.network.select('critic')(observations, edited).mean(axis=0).mean()
         entropy_loss = (log_probs * self.network.select('edit_alpha')()).mean()
