@@ -119,16 +119,15 @@ class QAMAgent(flax.struct.PyTreeNode):
         adj_loss = jnp.mean(jnp.sum(adj_loss, axis=0))
         info['adj_loss'] = adj_loss
 
-        actor_loss = flow_loss
+        variant_loss = 0.0  # QAM: no policy on top of the fine-tuned flow
         if self.config['fql_alpha'] > 0:
-            actor_loss, variant_info = self._one_step_loss(observations, grad_params, variant_rng)
-            actor_loss = flow_loss + actor_loss
+            variant_loss, variant_info = self._one_step_loss(observations, grad_params, variant_rng)
             info.update(variant_info)
-        if self.config['edit_scale'] > 0:
-            actor_loss, variant_info = self._edit_loss(observations, grad_params, variant_rng)
-            actor_loss = flow_loss + actor_loss
+        elif self.config['edit_scale'] > 0:
+            variant_loss, variant_info = self._edit_loss(observations, grad_params, variant_rng)
             info.update(variant_info)
-        return actor_loss + adj_loss, {'flow_loss': flow_loss, 'fast_loss': adj_loss, **info}
+        # `fast_loss` repeats `adj_loss` under the reference's second log name.
+        return flow_loss + variant_loss + adj_loss, {'flow_loss': flow_loss, 'fast_loss': adj_loss, **info}
 
     def _one_step_loss(self, observations, grad_params, rng):
         """QAM-F: the one-step policy mu(s, z) regresses onto the fine-tuned flow's chunk from the same noise z

@@ -87,8 +87,7 @@ def group_of(key):
         return key.split('/')[0]
     if key.startswith('update/'):
         return 'update'
-    part = key.split('/')[1]
-    return {'loss': 'loss', 'info': 'info', 'grad': 'grad'}[part]
+    return key.split('/')[1]  # <loss>/loss, <loss>/info/..., <loss>/grad/...
 
 
 def compare(ours, theirs):
