@@ -5,23 +5,24 @@
     python sweep.py status DIR
     python sweep.py table DIR --out DIR/results.md --plots DIR/plots
 
-SPEC (YAML, JSON or Python) names method presets (sweeps/presets.py), environments, seeds and flag overrides; see
-sweeps/spec.py. Every run is started with `--resume` under a deterministic name, so launching a SPEC again skips
-finished runs, continues interrupted ones and starts missing ones.
+SPEC (YAML, JSON or Python) names a paper's protocol (qc, the default, or qam), its method presets
+(sweeps/presets.py), environments, seeds and flag overrides; see sweeps/spec.py. Every run is started with
+`--resume` under a deterministic name, so launching a SPEC again skips finished runs, continues interrupted ones and
+starts missing ones.
 """
 
 import argparse
 import sys
 
-from sweeps.presets import METHODS
+from sweeps.presets import PROTOCOLS
 from utils.errors import run_cli
 
 
 def parser():
-    methods = ', '.join(METHODS)
+    methods = '; '.join(f'{protocol} protocol: {", ".join(found)}' for protocol, found in PROTOCOLS.items())
     p = argparse.ArgumentParser(
         prog='sweep.py', description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=f'Method presets: {methods}.',
+        epilog=f'Method presets ({methods}); a SPEC names its protocol (protocol: qam) or prefixes names (qam:FQL).',
     )  # fmt: skip
     sub = p.add_subparsers(dest='command', required=True)
     launch = sub.add_parser('launch', help='submit every run of SPEC that is not finished')

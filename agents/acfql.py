@@ -194,9 +194,12 @@ class ACFQLAgent(flax.struct.PyTreeNode):
         return cls(rng, network=network, config=flax.core.FrozenDict(**config))
 
 
-def paper_method(config):
-    """The QC paper's name of this config's method: QC or QC-FQL chunked, BFN-n or FQL-n on single actions, BFN or
-    FQL with one-step returns."""
+def paper_method(config, protocol='qc'):
+    """The name of this config's method in the QC paper: QC or QC-FQL chunked, BFN-n or FQL-n on single actions,
+    BFN or FQL with one-step returns; in the QAM paper (`protocol='qam'`): FQL for the distillation actor (their
+    chunked FQL), none for best-of-N."""
+    if protocol == 'qam':
+        return 'FQL' if config['actor_type'] == 'distill-ddpg' else None
     chunked, single = {'best-of-n': ('QC', 'BFN'), 'distill-ddpg': ('QC-FQL', 'FQL')}[config['actor_type']]
     if (config.get('horizon_length') or 1) == 1:
         return single

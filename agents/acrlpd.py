@@ -41,7 +41,7 @@ class ACRLPDAgent(flax.struct.PyTreeNode):
         next_obs = batch['next_observations'][..., -1, :]  # (B, obs): the state after the chunk
         next_actions = self.network.select('actor')(next_obs).sample(seed=rng)  # (B, H*A)
         next_qs = self.network.select('target_critic')(next_obs, next_actions)  # (num_qs, B)
-        next_q = aggregate_q(next_qs, self.config['q_agg'])  # (B,)
+        next_q = aggregate_q(next_qs, self.config['q_agg'], self.config['rho'])  # (B,)
         # rewards[..., -1] already holds the discounted sum of the H rewards; masks[..., -1] is 0 after a termination.
         discount = self.config['discount'] ** self.config['horizon_length']
         target_q = batch['rewards'][..., -1] + discount * batch['masks'][..., -1] * next_q  # (B,)
@@ -58,16 +58,21 @@ class ACRLPDAgent(flax.struct.PyTreeNode):
         }
 
     def actor_loss(self, batch, grad_params, rng):
-        """E[alpha * log pi(a|s) - mean_i Q_i(s, a)] plus bc_alpha times the NLL of the dataset chunk."""
+        """E[alpha * log pi(a|s) - (mean_i - rho * std_i) Q_i(s, a)] plus bc_alpha times the NLL of the dataset
+        chunk."""
         dist = self.network.select('actor')(batch['observations'], params=grad_params)
         actions, log_probs = dist.sample_and_log_prob(seed=rng)  # (B, H*A), (B,)
-        q = self.network.select('critic')(batch['observations'], actions).mean(axis=0)  # (B,)
+        qs = self.network.select('critic')(batch['observations'], actions)  # (num_qs, B)
+        q = aggregate_q(qs, 'mean', self.config['rho'])  # (B,)
         alpha = self.network.select('temp')()
         actor_loss = (alpha * log_probs - q).mean()
 
         dataset_actions = chunk_actions(batch['actions'], self.config['action_chunking'])
         dataset_actions = jnp.clip(dataset_actions, -1 + BC_ACTION_CLIP, 1 - BC_ACTION_CLIP)
-        bc_nll = -dist.log_prob(dataset_actions).mean()
+        log_likelihood = dist.log_prob(dataset_actions)  # (B,)
+        if self.config['bc_mask'] == 'chunk':
+            log_likelihood = log_likelihood * batch['valid'][..., -1]  # The QAM paper's RLPD: no chunk past an end.
+        bc_nll = -log_likelihood.mean()
         bc_loss = self.config['bc_alpha'] * bc_nll
 
         loss = actor_loss + bc_loss
@@ -159,9 +164,12 @@ class ACRLPDAgent(flax.struct.PyTreeNode):
         return cls(rng, network=network, config=ml_collections.FrozenConfigDict(config))
 
 
-def paper_method(config):
-    """The QC paper's name of this config's method: RLPD with one-step returns, QC-RLPD with the BC term, RLPD-AC
-    without it."""
+def paper_method(config, protocol='qc'):
+    """The name of this config's method in the QC paper: RLPD with one-step returns, QC-RLPD with the BC term,
+    RLPD-AC without it; in the QAM paper (`protocol='qam'`) all of them are its RLPD (chunked, BC weight per
+    domain)."""
+    if protocol == 'qam':
+        return 'RLPD'
     if (config.get('horizon_length') or 1) == 1:
         return 'RLPD'
     return 'QC-RLPD' if config.get('bc_alpha') else 'RLPD-AC'
@@ -182,6 +190,8 @@ CONFIG_RULES = dict(
     target_entropy_multiplier=number(),
     bc_alpha=non_negative(),
     q_agg=one_of('mean', 'min'),
+    rho=non_negative(),
+    bc_mask=one_of('none', 'chunk'),
     horizon_length=optional(positive(int)),
     action_chunking=boolean(),
     init_temp=positive(float),
@@ -207,6 +217,8 @@ def get_config():
             target_entropy_multiplier=0.5,  # Target entropy per action dimension (negated) when target_entropy=None.
             bc_alpha=0.0,  # Weight of the dataset-chunk negative log-likelihood in the actor loss.
             q_agg='mean',  # How target critics are combined in the backup: 'mean' or 'min'.
+            rho=0.0,  # Pessimism: target and actor use the aggregate minus rho * ensemble std (QAM paper: 0.5).
+            bc_mask='none',  # BC on every chunk ('none', QC) or only on chunks inside one episode ('chunk', QAM).
             horizon_length=ml_collections.config_dict.placeholder(int),  # Chunk length H; set by the launcher.
             action_chunking=True,  # Act with chunks of H actions; False: single actions with an H-step backup.
             init_temp=1.0,  # Initial temperature alpha.

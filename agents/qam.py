@@ -286,8 +286,14 @@ class QAMAgent(flax.struct.PyTreeNode):
         return cls(rng, network=network, config=flax.core.FrozenDict(**config))
 
 
-def paper_method(config):
-    """The QAM paper's name of this config's variant."""
+# The paper that defines this agent: the drivers compare a run with its protocol unless --protocol says otherwise.
+PROTOCOL = 'qam'
+
+
+def paper_method(config, protocol='qam'):
+    """The QAM paper's name of this config's variant; none in the QC paper, which has no QAM."""
+    if protocol != 'qam':
+        return None
     if config.get('fql_alpha'):
         return 'QAM-F'
     return 'QAM-E' if config.get('edit_scale') else 'QAM'

@@ -111,9 +111,19 @@ def aggregate_curves(run_dirs, metric, group_by='auto'):
     return curves
 
 
+def run_protocol(flags):
+    """The protocol ('qc' or 'qam') a run follows, as its flags.json records it (runs older than `--protocol`:
+    'qc')."""
+    return flags.get('protocol') if flags.get('protocol') in paper.PROTOCOLS else 'qc'
+
+
 def paper_method(flags):
-    """The paper's name for the method a run's flags select (QC, BFN-n, BFN, QC-FQL, FQL-n, FQL, RLPD, RLPD-AC,
-    QC-RLPD), or None when they match none (flattened flags.json keys)."""
+    """The name, in the paper of the run's protocol, of the method a run's flags select (flattened flags.json
+    keys): the driver records it (`paper_method`); for runs older than that record, the QC paper's names are
+    worked out from the flags (QC, BFN-n, BFN, QC-FQL, FQL-n, FQL, RLPD, RLPD-AC, QC-RLPD). None when they match
+    none."""
+    if 'paper_method' in flags:
+        return flags['paper_method']
     agent = flags.get('agent.agent_name')
     horizon = flags.get('horizon_length', flags.get('agent.horizon_length'))
     if agent is None or horizon is None:
@@ -168,14 +178,16 @@ def draw_published(ax, curve, color):
     """Draws the published curve of a curve group's task and method (`analysis/paper.py`) within its step range;
     returns the line, or None where the paper has no such curve."""
     flags = curve['flags']
-    method, task = paper_method(flags), paper.published_task(str(flags.get('env_name', '')))
-    points = paper.curve(task, method) if method and task else None
+    protocol = run_protocol(flags)
+    method, task = paper_method(flags), paper.published_task(str(flags.get('env_name', '')), protocol)
+    points = paper.curve(task, method, protocol) if method and task else None
     if points is None:
         return None
     offline_steps = int(flags.get('offline_steps') or 0)
     steps = np.asarray(curve['steps'])
+    title = paper.protocol(protocol).title
     return paper.draw_phases(ax, points, offline_steps, (steps.min(), steps.max()), origin=offline_steps, color=color,
-                             label=f'{method} (paper)')  # fmt: skip
+                             label=f'{method} ({title})', name=protocol)  # fmt: skip
 
 
 def plot_runs(run_dirs, out_path, metrics=('success', 'return'), group_by='auto', band='std', paper=False):

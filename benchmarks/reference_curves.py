@@ -32,6 +32,7 @@ import time
 
 import numpy as np
 
+from analysis.stats import bootstrap_ci, permutation_p
 from benchmarks.common import machine_info
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -51,6 +52,12 @@ PRESETS = {
         # action_chunking is passed: their get_config defaults it to False, every command of theirs sets True.
         '--env_name=cube-single-play-singletask-task2-v0', '--agent=agents/qam.py', '--horizon_length=5',
         '--agent.action_chunking=True',
+        '--agent.actor_hidden_dims=(128,128)', '--agent.value_hidden_dims=(128,128)', '--agent.batch_size=128',
+    ]),
+    # The same on task1 with their README's QAM temperature (inv_temp=3), which learns within 10k online steps.
+    'qam-task1': ('main.py', [
+        '--env_name=cube-single-play-singletask-task1-v0', '--agent=agents/qam.py', '--horizon_length=5',
+        '--agent.action_chunking=True', '--agent.inv_temp=3.0',
         '--agent.actor_hidden_dims=(128,128)', '--agent.value_hidden_dims=(128,128)', '--agent.batch_size=128',
     ]),
 }  # fmt: skip
@@ -224,13 +231,6 @@ def run_all(args):
 # Statistics over seeds.
 
 
-def bootstrap_mean(values, rng, reps=10000):
-    """(mean, low, high): the mean and its 95% percentile bootstrap interval."""
-    values = np.asarray(values, dtype=float)
-    means = values[rng.integers(0, len(values), size=(reps, len(values)))].mean(axis=1)
-    return float(values.mean()), float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
-
-
 def bootstrap_difference(a, b, rng, reps=10000):
     """(mean(a) - mean(b), low, high), each group resampled on its own."""
     a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
@@ -238,17 +238,6 @@ def bootstrap_difference(a, b, rng, reps=10000):
     db = b[rng.integers(0, len(b), size=(reps, len(b)))].mean(axis=1)
     diff = da - db
     return float(a.mean() - b.mean()), float(np.percentile(diff, 2.5)), float(np.percentile(diff, 97.5))
-
-
-def permutation_p(a, b, rng, reps=20000):
-    """Two-sided permutation p-value of the difference of means (random relabellings, the observed one counted)."""
-    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
-    pooled = np.concatenate([a, b])
-    observed = abs(a.mean() - b.mean())
-    perms = np.argsort(rng.random((reps, len(pooled))), axis=1)
-    shuffled = pooled[perms]
-    diffs = np.abs(shuffled[:, : len(a)].mean(axis=1) - shuffled[:, len(a) :].mean(axis=1))
-    return float((1 + np.sum(diffs >= observed - 1e-12)) / (reps + 1))
 
 
 def area_under_curve(curve, steps):
@@ -274,7 +263,7 @@ def compare(curves, seed=0):
         }
         rows.append(dict(
             step=step,
-            **{code: bootstrap_mean(values[code], rng) for code in CODES},
+            **{code: bootstrap_ci(values[code], rng) for code in CODES},
             difference=bootstrap_difference(values['ours'], values['reference'], rng),
             p=permutation_p(values['ours'], values['reference'], rng),
             values=values,

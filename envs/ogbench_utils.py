@@ -34,9 +34,13 @@ from utils import seeding
 
 DEFAULT_DATASET_DIR = '~/.ogbench/data'
 _NAME_RE = re.compile(
-    r'^(?P<visual>visual-)?(?P<env>cube-(?:single|double|triple|quadruple|octuple)|scene|puzzle-\d+x\d+)'
-    r'-(?P<type>play|noisy)(?:-(?P<size>\d+[mk]))?-singletask(?:-(?P<task>task\d+))?-(?P<version>v\d+)$'
+    r'^(?:(?P<visual>visual-)?(?P<env>cube-(?:single|double|triple|quadruple|octuple)|scene|puzzle-\d+x\d+)'
+    r'-(?P<type>play|noisy)|(?P<maze>(?:ant|humanoid)maze-(?:medium|large|giant))-(?P<maze_type>navigate))'
+    r'(?:-(?P<size>\d+[mk]))?-singletask(?:-(?P<task>task\d+))?-(?P<version>v\d+)$'
 )
+# The locomotion mazes (the QAM paper's antmaze and humanoidmaze `navigate` tasks, state observations): OGBench
+# collects their datasets with trained expert policies, which this project does not have, so they cannot be
+# generated here; their published files must be present.
 
 
 def is_ogbench_env(env_name):
@@ -56,10 +60,12 @@ def split_name(env_name):
     if m is None:
         raise EnvError(f'{env_name!r} is not an OGBench single-task name (e.g. cube-single-play-singletask-task2-v0)')
     visual = m['visual'] or ''
+    env, kind = (m['env'], m['type']) if m['env'] else (m['maze'], m['maze_type'])
     task = f'-{m["task"]}' if m['task'] else ''
-    gym_id = f'{visual}{m["env"]}-singletask{task}-{m["version"]}'
-    dataset_name = f'{visual}{m["env"]}-{m["type"]}-{m["version"]}'
+    gym_id = f'{visual}{env}-singletask{task}-{m["version"]}'
+    dataset_name = f'{visual}{env}-{kind}-{m["version"]}'
     return gym_id, dataset_name
+
 
 
 def make_rendering_env(make, gym_id):
@@ -90,6 +96,16 @@ def generate_command(dataset_name, dataset_dir):
     return f'python -m envs.generate_ogbench --env_name={dataset_name} --save_dir={dataset_dir}'
 
 
+def missing_data_hint(dataset_name, dataset_dir):
+    """How to get a missing dataset: generate it (manipulation), or copy OGBench's files (the mazes)."""
+    if dataset_name.startswith(('antmaze', 'humanoidmaze')):
+        return (f'OGBench collects the maze datasets with trained expert policies, so they cannot be generated '
+                f'here; download them where there is internet (ogbench.download_datasets([{dataset_name!r}])) and copy '
+                f'{dataset_name}.npz and {dataset_name}-val.npz into {dataset_dir}')  # fmt: skip
+    return (f'download it with ogbench.download_datasets([{dataset_name!r}]) or generate it locally with: '
+            f'{generate_command(dataset_name, dataset_dir)}')  # fmt: skip
+
+
 def dataset_paths(env_name, dataset_dir=None, with_val=True):
     """Train and validation file paths of an OGBench name; raises `EnvError` when one is missing (the validation
     file only `with_val`).
@@ -102,10 +118,7 @@ def dataset_paths(env_name, dataset_dir=None, with_val=True):
     val_path = os.path.join(dataset_dir, f'{dataset_name}-val.npz')
     for path in (train_path, val_path) if with_val else (train_path,):
         if not os.path.exists(path):
-            raise EnvError(
-                f'OGBench dataset not found at {path}; download it with ogbench.download_datasets([{dataset_name!r}]) '
-                f'or generate it locally with: {generate_command(dataset_name, dataset_dir)}'
-            )
+            raise EnvError(f'OGBench dataset not found at {path}; {missing_data_hint(dataset_name, dataset_dir)}')
     return train_path, val_path
 
 
@@ -386,7 +399,7 @@ def check_name(env_name):
     if gym_id in gymnasium.registry:
         return
     m = _NAME_RE.match(env_name)
-    base = f'{m["visual"] or ""}{m["env"]}'
+    base = f'{m["visual"] or ""}{m["env"] or m["maze"]}'
     registered = '\n'.join(gymnasium.registry)
     tasks = sorted(int(t) for t in re.findall(rf'^{re.escape(base)}-singletask-task(\d+)-', registered, flags=re.M))
     if not tasks:

@@ -1,11 +1,16 @@
-"""The paper's nine methods as driver + flags presets.
+"""Both papers' methods as driver + flags presets, one table per protocol (`PROTOCOLS`).
 
-Sources: each method's flags are the "Reproducing paper results" command of the reference repository's README
-(github.com/ColinQiyangLi/qc), written there for cube-triple; a sweep adds what the paper's appendix sets per
-domain (`training.paper_settings.domain_flags`: alpha, N, sparse rewards). Agent defaults not named here
-(networks, learning rates, batch size, discount, ensemble sizes) are the `get_config()` defaults of
+QC paper (`qc`, the default): each method's flags are the "Reproducing paper results" command of the reference
+repository's README (github.com/ColinQiyangLi/qc), written there for cube-triple; a sweep adds what the paper's
+appendix sets per domain (`training.paper_settings.domain_flags`: alpha, N, sparse rewards). Agent defaults not
+named here (networks, learning rates, batch size, discount, ensemble sizes) are the `get_config()` defaults of
 `agents/acfql.py` and `agents/acrlpd.py`, which equal the reference's and the appendix's "Common hyperparameters"
 table.
+
+QAM paper (`qam`): the methods of its `experiments/reproduce.py` and `reproduce_rlpd.py` (github
+ColinQiyangLi/qam) that this project has, with its protocol (1M offline + 500K online steps, an evaluation every 50K;
+RLPD 500K online steps); a sweep adds the protocol's per-domain settings and each method's per-domain values
+(`training.paper_settings.QAM_SETTINGS`). Every run of a QAM preset passes `--protocol=qam`.
 """
 
 import dataclasses
@@ -13,12 +18,13 @@ import dataclasses
 
 @dataclasses.dataclass(frozen=True)
 class Method:
-    """A method of the paper: the driver that runs it and the flags that select it."""
+    """A method of a paper: the driver that runs it and the flags that select it."""
 
     name: str
     driver: str  # 'main.py' (offline-to-online) or 'main_online.py' (online with prior data).
     flags: dict
     summary: str
+    protocol: str = 'qc'  # The paper whose protocol and published curves the method's runs follow.
 
 
 METHODS = {
@@ -49,3 +55,28 @@ METHODS = {
                'RLPD on action chunks with a BC term'),
     )
 }  # fmt: skip
+
+# The QAM protocol's lengths, and what its scripts pass to every method (networks and batch are the agents'
+# defaults: 4x512, 256).
+QAM_STEPS = {'offline_steps': 1_000_000, 'online_steps': 500_000, 'eval_interval': 50_000, 'protocol': 'qam'}
+QAM_METHODS = {
+    m.name: m
+    for m in (
+        Method('QAM', 'main.py', {'agent': 'agents/qam.py', **QAM_STEPS},
+               'flow policy fine-tuned by adjoint matching toward pi_beta exp(inv_temp Q)', 'qam'),
+        Method('QAM-F', 'main.py', {'agent': 'agents/qam.py', **QAM_STEPS},
+               "QAM plus a one-step policy distilled from QAM's flow while maximising Q (fql_alpha)", 'qam'),
+        Method('QAM-E', 'main.py', {'agent': 'agents/qam.py', **QAM_STEPS},
+               'QAM plus a TanhNormal edit of its actions maximising Q (edit_scale)', 'qam'),
+        # Their agents/fql.py: this project's ACFQL with their 10-critic pessimistic target and BC mask.
+        Method('FQL', 'main.py', {'agent.actor_type': 'distill-ddpg', 'agent.bc_mask': 'chunk', **QAM_STEPS},
+               'chunked FQL with 10 critics and the pessimistic target', 'qam'),
+        # Their agents/rlpd.py run by their main.py with --offline_steps=0 --balanced_sampling: main_online.py here.
+        Method('RLPD', 'main_online.py',
+               {'agent': 'agents/acrlpd.py', 'agent.bc_mask': 'chunk', 'online_steps': 500_000, 'eval_interval': 50_000,
+                'protocol': 'qam'},
+               'chunked RLPD with 10 critics, the pessimistic target and a BC term (bc_alpha)', 'qam'),
+    )
+}  # fmt: skip
+
+PROTOCOLS = {'qc': METHODS, 'qam': QAM_METHODS}  # The methods of each paper, by protocol.

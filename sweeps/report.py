@@ -14,13 +14,13 @@ import subprocess
 import numpy as np
 
 from analysis import paper, run_files
+from analysis.stats import BOOTSTRAP_SAMPLES, bootstrap_ci, bootstrap_mean_of_means, stratified_permutation_p
 from sweeps import jobs
 from sweeps.spec import RUNS_DIR, Run, group_units
 from utils.errors import UserError
 from utils.run_lock import pid_alive
 
 STATES = ('pending', 'running', 'finished', 'failed')
-BOOTSTRAP_SAMPLES = 10000
 ACTIVE = ('submitted', 'running', 'requeued')
 
 
@@ -111,23 +111,6 @@ def status_lines(sweep_dir):
     return lines
 
 
-def bootstrap_ci(values, rng, samples=BOOTSTRAP_SAMPLES):
-    """(mean, low, high) of 1-D `values`: the mean and its 95% percentile-bootstrap interval (seeds resampled)."""
-    values = np.asarray(values, dtype=np.float64)
-    means = values[rng.integers(0, len(values), size=(samples, len(values)))].mean(axis=1)
-    low, high = np.percentile(means, [2.5, 97.5])
-    return float(values.mean()), float(low), float(high)
-
-
-def bootstrap_mean_of_means(groups, rng, samples=BOOTSTRAP_SAMPLES):
-    """(mean, low, high) of the mean over groups (tasks) of each group's mean over its values (seeds), with a 95%
-    percentile-bootstrap interval that resamples the seeds within every task."""
-    groups = [np.asarray(g, dtype=np.float64) for g in groups]
-    means = np.mean([g[rng.integers(0, len(g), size=(samples, len(g)))].mean(axis=1) for g in groups], axis=0)
-    low, high = np.percentile(means, [2.5, 97.5])
-    return float(np.mean([g.mean() for g in groups])), float(low), float(high)
-
-
 def _format(ci, seeds=None, count=None):
     mean, low, high = (100 * v for v in ci)
     return f'{mean:.1f} [{low:.1f}, {high:.1f}]' + (f' (n={count})' if seeds and count < seeds else '')
@@ -135,13 +118,15 @@ def _format(ci, seeds=None, count=None):
 
 def results(sweep_dir):
     """{(env, method): {'offline': [success per seed], 'online': [...], 'seeds': n, 'curves': [(steps, success,
-    offline steps)], 'steps': (offline steps, online steps), 'online_only': bool}} in SPEC order."""
+    offline steps)], 'steps': (offline steps, online steps), 'online_only': bool, 'protocol': 'qc' or 'qam'}} in
+    SPEC order."""
     runs, _ = load_sweep(sweep_dir)
     table = {}
     for run in runs:
         path = run_dir(sweep_dir, run.name)
         entry = table.setdefault((run.env, run.method), dict(
             offline=[], online=[], curves=[], seeds=0, online_only=run.driver == 'main_online.py', steps=None,
+            protocol=run.protocol,
         ))  # fmt: skip
         flags = run_files.read_flags(path)
         if entry['steps'] is None and flags:  # The phase lengths the runs were started with.
@@ -157,78 +142,100 @@ def results(sweep_dir):
     return table
 
 
-def paper_cell(task, method, phase, entry, ours):
-    """(text, outside): the published success at the point matching the end of our `phase`, and whether its 95%
-    interval and ours (`ours`: (mean, low, high) or None) do not overlap."""
-    points = paper.curve(task, method) if task else None
+def paper_cell(task, method, phase, entry, ours, seeds=None, rng=None):
+    """(text, outside, p): the published success at the point matching the end of our `phase` in the paper of the
+    entry's protocol, whether its 95% interval and ours (`ours`: (mean, low, high) or None) do not overlap, and,
+    where the paper released its seeds, the permutation p-value of our `seeds` (one list per task) against its
+    seeds at that point (None otherwise)."""
+    name = entry['protocol']
+    points = paper.curve(task, method, name) if task else None
     if points is None:
-        return 'no published row', False
+        return 'no published row', False, None
     if entry['steps'] is None:  # No run started yet.
-        return '-', False
+        return '-', False, None
     offline, online = entry['steps']
     if (phase == 'offline' and (entry['online_only'] or not offline)) or (phase == 'online' and not online):
-        return '-', False
-    step = paper.paper_step(phase, offline, online, entry['online_only'])
+        return '-', False, None
+    step = paper.paper_step(phase, offline, online, entry['online_only'], name)
     point = paper.point_at(points, step)
     if point is None:
-        lengths = (offline, online) if phase == 'online' and not entry['online_only'] else (offline or online,)
-        if any(n < paper.PAPER_PHASE_STEPS for n in lengths):
-            return "shorter than the paper's protocol", False
-        return 'no published point at this step', False
+        short_offline = offline < paper.PAPER_PHASE_STEPS
+        short_online = online < paper.protocol(name).online_steps
+        if phase == 'offline':
+            short = short_offline
+        else:
+            short = short_online or (short_offline and not entry['online_only'])
+        if short:
+            return "shorter than the paper's protocol", False, None
+        return 'no published point at this step', False, None
     text = _format((point.mean, point.low, point.high))
-    if step != paper.protocol_step(phase):  # a shorter phase, compared at its own length
+    if step != paper.protocol_step(phase, entry['online_only'], name):  # a shorter phase, compared at its own length
         text += f' after {offline if phase == "offline" else online:,} {phase} steps'
     outside = ours is not None and (ours[2] < point.low or ours[1] > point.high)
-    return text, outside
+    p = None
+    if point.seeds and seeds and len(seeds) == len(point.seeds) and all(seeds):
+        p = stratified_permutation_p(seeds, point.seeds, rng if rng is not None else np.random.default_rng(0))
+    return text, outside, p
 
 
 def table_rows(sweep_dir, rng):
-    """(label, method, entry, published task, {phase: our (mean, low, high) or None}, {phase: seeds there}, seeds)
-    per task x method, then one per paper domain (or `all`) whose every task has results of a method."""
+    """(label, method, entry, published task, {phase: our (mean, low, high) or None}, {phase: seeds there}, seeds,
+    {phase: [our success per seed] per task}) per task x method, then one per paper domain (or `all`) whose every
+    task has results of a method."""
     table = results(sweep_dir)
+    name = next((e['protocol'] for e in table.values()), 'qc')
     rows = []
     for (env, method), entry in table.items():
         ours = {p: bootstrap_ci(entry[p], rng) if entry[p] else None for p in ('offline', 'online')}
         counts = {p: len(entry[p]) for p in ours}
-        rows.append((env, method, entry, paper.published_task(env), ours, counts, entry['seeds']))
-    for group, members in paper.aggregates().items():
+        values = {p: [entry[p]] for p in ours}
+        rows.append((env, method, entry, paper.published_task(env, name), ours, counts, entry['seeds'], values))
+    for group, members in paper.aggregates(name).items():
         for method in dict.fromkeys(m for _, m in table):
-            by_task = {paper.published_task(e): entry for (e, m), entry in table.items() if m == method}
+            by_task = {paper.published_task(e, name): entry for (e, m), entry in table.items() if m == method}
             if not members or not all(t in by_task and by_task[t]['seeds'] for t in members):
                 continue
             entries = [by_task[t] for t in members]
             ours = {p: bootstrap_mean_of_means([e[p] for e in entries], rng) if all(e[p] for e in entries) else None
                     for p in ('offline', 'online')}  # fmt: skip
+            values = {p: [e[p] for e in entries] for p in ours}
             label = f'{group} ({len(members)} tasks, mean)'
-            rows.append((label, method, entries[0], group, ours, {}, min(e['seeds'] for e in entries)))
+            rows.append((label, method, entries[0], group, ours, {}, min(e['seeds'] for e in entries), values))
     return rows
 
 
 def table_markdown(sweep_dir, seed=0):
     """The paper-style table: success (%) at the end of the offline and of the online phase per task x method,
-    mean over seeds with a 95% bootstrap interval, and the number of seeds; next to each, the paper's published
-    value at the same point (`analysis/paper.py`), marked `!` where the two intervals do not overlap. A sweep over
-    every task of a paper domain adds the domain's row (mean over its tasks)."""
+    mean over seeds with a 95% bootstrap interval, and the number of seeds; next to each, the published value at
+    the same point in the paper of the sweep's protocol (`analysis/paper.py`), marked `!` where the two intervals
+    do not overlap; for the QAM paper, which released its seeds, also the permutation p-value of our seeds against
+    its seeds there. A sweep over every task of a paper domain adds the domain's row (mean over its tasks)."""
     rng = np.random.default_rng(seed)
-    lines = [
-        '| task | method | seeds | offline end (%) | paper (%) | online end (%) | paper (%) |',
-        '|---|---|---:|---|---|---|---|',
-    ]
+    runs, _ = load_sweep(sweep_dir)
+    name = runs[0].protocol if runs else 'qc'
+    with_p = paper.protocol(name).has_seeds
+    title = 'paper' if name == 'qc' else paper.protocol(name).title
+    columns = ['offline end (%)', f'{title} (%)'] + ['p'] * with_p + ['online end (%)', f'{title} (%)'] + ['p'] * with_p
+    lines = ['| task | method | seeds | ' + ' | '.join(columns) + ' |', '|---|---|---:|' + '---|' * len(columns)]
     outside_any = False
-    for label, method, entry, task, ours, counts, seeds in table_rows(sweep_dir, rng):
+    for label, method, entry, task, ours, counts, seeds, values in table_rows(sweep_dir, rng):
         cells = []
         for phase in ('offline', 'online'):
             ci = ours[phase]
             mine = '-' if ci is None else _format(ci, seeds, counts.get(phase, seeds))
-            theirs, outside = paper_cell(task, method, phase, entry, ci)
+            theirs, outside, p = paper_cell(task, method, phase, entry, ci, values[phase], rng)
             outside_any |= outside
-            cells += [mine + (' !' if outside else ''), theirs]
+            cells += [mine + (' !' if outside else ''), theirs] + ([f'{p:.2f}' if p is not None else '-'] * with_p)
         lines.append(f'| {label} | {method} | {seeds} | ' + ' | '.join(cells) + ' |')
     lines.append('')
+    where = ("the published mean [95% interval] at the same point of the paper's protocol (1M offline, then 1M online "
+             'steps; online-only methods 1M online)' if name == 'qc' else
+             'the mean of its 12 released seeds [95% interval, the same bootstrap] at the same point of its protocol '
+             '(1M offline, then 500K online steps; RLPD 500K online)')  # fmt: skip
     lines.append(f'Mean over seeds [95% bootstrap interval, {BOOTSTRAP_SAMPLES} resamples]; (n=k): only k seeds '
-                 "reached that point. paper: the published mean [95% interval] at the same point of the paper's "
-                 'protocol (1M offline, then 1M online steps; online-only methods 1M online), or after as many '
-                 'steps of the same phase where a run is shorter and the published curve has that point.')  # fmt: skip
+                 f'reached that point. {title}: {where}, or after as many steps of the same phase where a run is '
+                 'shorter and the published curve has that point' + ('.' if not with_p else '; p: two-sided '
+                 'permutation test of our seeds against its seeds there (within each task for a domain row).'))
     if outside_any:
         lines.append("!: our interval and the paper's do not overlap.")
     return '\n'.join(lines)
@@ -266,7 +273,8 @@ def task_figure(env, methods, rng):
 
     fig, ax = plt.subplots(figsize=(7, 4))
     any_offline = False
-    task = paper.published_task(env)
+    name = methods[0][1]['protocol'] if methods else 'qc'
+    task = paper.published_task(env, name)
     for method, entry in methods:
         curves = entry['curves']
         per_step = {}
@@ -279,11 +287,11 @@ def task_figure(env, methods, rng):
         mean, low, high = (np.array(col) for col in zip(*stats, strict=True))
         (line,) = ax.plot(xs, mean, marker='o', markersize=3, label=f'{method} ({len(curves)} seeds)')
         ax.fill_between(xs, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
-        points = paper.curve(task, method) if task else None
+        points = paper.curve(task, method, name) if task else None
         if points:
             offline_steps = entry['steps'][0] if entry['steps'] else 0
             paper.draw_phases(ax, points, offline_steps, (xs.min(), xs.max()), color=line.get_color(),
-                              label=f'{method} (paper)')  # fmt: skip
+                              label=f'{method} ({paper.protocol(name).title})', name=name)  # fmt: skip
     if any_offline:
         ax.axvline(0, color='gray', linestyle='--', linewidth=1)
         for label, align in (('offline  ', 'right'), ('  online', 'left')):

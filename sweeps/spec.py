@@ -2,6 +2,7 @@
 
 A SPEC is YAML (`.yaml`/`.yml`), JSON, or a Python file that defines a dict named `SPEC`, with the keys:
 
+    protocol: qc                   # whose presets and published curves: qc (default) or qam
     methods: [QC, QC-FQL]          # presets of sweeps/presets.py, or {name: QC-N8, preset: QC, flags: {...}}
     envs: [cube-triple-play-singletask-task2-v0]
     seeds: [0, 1, 2]               # or a count: 3 means seeds 0, 1, 2
@@ -10,6 +11,8 @@ A SPEC is YAML (`.yaml`/`.yml`), JSON, or a Python file that defines a dict name
       main.py: {offline_steps: 500000}
     seeds_per_process: 1           # > 1: that many seeds share one `--seeds` process
 
+A method name is a preset of the SPEC's protocol; `qam:FQL` (or `qc:FQL`) names the paper itself. All the methods of a
+SPEC follow one protocol: a SPEC that mixes them (`protocol: qc` with `qam:QAM`, or `QC` with `qam:QAM`) is refused.
 The sweep owns `--seed(s)`, `--exp_name`, `--save_dir`, `--run_group` and `--resume`; a SPEC that sets them is
 refused. Every run's name is deterministic (method, environment, a hash of its flags, seed), so a SPEC launched
 again finds its runs.
@@ -25,12 +28,12 @@ import re
 import runpy
 import sys
 
-from sweeps.presets import METHODS
+from sweeps.presets import PROTOCOLS
 from training.paper_settings import domain_flags
 from utils.errors import UserError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SPEC_KEYS = ('methods', 'envs', 'seeds', 'flags', 'driver_flags', 'seeds_per_process')
+SPEC_KEYS = ('protocol', 'methods', 'envs', 'seeds', 'flags', 'driver_flags', 'seeds_per_process')
 DRIVERS = ('main.py', 'main_online.py')
 OWNED_FLAGS = ('seed', 'seeds', 'exp_name', 'save_dir', 'run_group', 'resume')
 RUNS_DIR = 'runs'  # Run directories live in <sweep dir>/runs/<run name>.
@@ -50,6 +53,7 @@ class Run:
     seed: int
     driver: str
     flags: dict  # Every flag the sweep passes besides the ones it owns (method, domain and SPEC flags).
+    protocol: str = 'qc'  # The paper whose protocol the run follows (`analysis.paper.PROTOCOLS`).
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,7 +68,9 @@ class Unit:
         an interrupted one continues from its newest checkpoint."""
         first = self.runs[0]
         args = [sys.executable, os.path.join(ROOT, first.driver)]
-        args += [f'--{key}={format_value(value)}' for key, value in first.flags.items()]
+        # The agent config file first: ml_collections reads --agent.* overrides against it.
+        ordered = sorted(first.flags.items(), key=lambda item: item[0] != 'agent')
+        args += [f'--{key}={format_value(value)}' for key, value in ordered]
         args += [f'--save_dir={os.path.abspath(sweep_dir)}', f'--run_group={RUNS_DIR}', '--resume']
         if len(self.runs) == 1:
             args += [f'--seed={first.seed}', f'--exp_name={first.name}']
@@ -122,22 +128,52 @@ def load_spec(path):
     return spec
 
 
+def split_method(name):
+    """(protocol or None, preset name) of a method name: `qam:FQL` -> ('qam', 'FQL'), `QC` -> (None, 'QC')."""
+    head, sep, tail = str(name).partition(':')
+    return (head, tail) if sep and head in PROTOCOLS else (None, str(name))
+
+
+def _protocol(spec, entries, where):
+    """The one protocol of a SPEC: its `protocol` key, the prefix of its prefixed method names, else 'qc'; a SPEC
+    whose key and prefixes name different papers is refused."""
+    given = spec.get('protocol')
+    if given is not None and given not in PROTOCOLS:
+        raise SpecError(f'{where}: protocol must be one of {", ".join(PROTOCOLS)}; got {given!r}')
+    named = {split_method(preset)[0] for _, preset in entries} - {None}
+    chosen = {given} if given is not None else named
+    if len(named | chosen) > 1:
+        papers = ' and '.join(sorted(named | chosen))
+        listed = ', '.join(p for _, p in entries)
+        raise SpecError(f'{where}: a SPEC follows one paper\'s protocol, and this one mixes {papers} (protocol: '
+                        f'{given}, methods: {listed}); make one sweep per protocol')  # fmt: skip
+    return next(iter(chosen), 'qc')
+
+
 def _methods(spec, where):
-    """(name, Method preset, extra flags) per entry of `methods`."""
-    out = []
+    """(protocol, [(name, Method preset, extra flags)] per entry of `methods`)."""
+    entries = []
     for entry in spec.get('methods') or ():
         if isinstance(entry, str):
-            entry = {'name': entry, 'preset': entry}
+            entry = {'name': split_method(entry)[1], 'preset': entry}
         if not isinstance(entry, dict) or 'name' not in entry:
             raise SpecError(f'{where}: a method is a preset name or a mapping (name, preset, flags); got {entry!r}')
-        preset = entry.get('preset', entry['name'])
-        if preset not in METHODS:
-            raise SpecError(f'{where}: unknown method preset {preset!r}; known: {", ".join(METHODS)}')
         unknown = set(entry) - {'name', 'preset', 'flags'}
         if unknown:
             raise SpecError(f'{where}: method {entry["name"]!r} has unknown keys {sorted(unknown)}')
-        out.append((entry['name'], METHODS[preset], dict(entry.get('flags') or {})))
-    return out
+        entries.append((entry, entry.get('preset', entry['name'])))
+    protocol = _protocol(spec, entries, where)
+    known = PROTOCOLS[protocol]
+    out = []
+    for entry, preset in entries:
+        name = split_method(preset)[1]
+        if name not in known:
+            other = [p for p, methods in PROTOCOLS.items() if name in methods and p != protocol]
+            hint = f' (a method of the {other[0]} protocol: write {other[0]}:{name})' if other else ''
+            raise SpecError(f'{where}: unknown method preset {name!r} of the {protocol} protocol{hint}; known: '
+                            f'{", ".join(known)}')
+        out.append((entry['name'], known[name], dict(entry.get('flags') or {})))
+    return protocol, out
 
 
 def _seeds(spec, where):
@@ -159,7 +195,7 @@ def expand(spec, where='SPEC'):
     unknown = set(spec) - set(SPEC_KEYS)
     if unknown:
         raise SpecError(f'{where}: unknown keys {sorted(unknown)}; a SPEC has {", ".join(SPEC_KEYS)}')
-    methods = _methods(spec, where)
+    protocol, methods = _methods(spec, where)
     envs = spec.get('envs') or []
     if isinstance(envs, str):
         envs = [envs]
@@ -184,9 +220,11 @@ def expand(spec, where='SPEC'):
         for env in envs:
             # Later sources win: the method's preset, the paper's domain setting, the SPEC, the method entry.
             driver = dict(per_driver.get(method.driver) or {})
-            flags = {'env_name': env, **method.flags, **domain_flags(method.name, env), **common, **driver, **extra}
+            paper = domain_flags(method.name, env, protocol)
+            flags = {'env_name': env, **method.flags, **paper, **common, **driver, **extra}
             for seed in seeds:
-                run = Run(name='', method=name, env=env, seed=seed, driver=method.driver, flags=flags)
+                run = Run(name='', method=name, env=env, seed=seed, driver=method.driver, flags=flags,
+                          protocol=protocol)  # fmt: skip
                 runs.append(dataclasses.replace(run, name=f'{base_name(run)}_sd{seed}'))
     names = [r.name for r in runs]
     if len(set(names)) != len(names):

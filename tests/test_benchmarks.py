@@ -100,7 +100,7 @@ def test_reference_comparison_statistics():
     same = [0.2, 0.4, 0.6, 0.8]
     assert reference_curves.permutation_p(same, same, rng) == 1.0
     assert reference_curves.permutation_p([0.0] * 8, [1.0] * 8, rng) < 0.01
-    mean, low, high = reference_curves.bootstrap_mean(same, rng)
+    mean, low, high = reference_curves.bootstrap_ci(same, rng)
     assert mean == 0.5 and 0.2 <= low < 0.5 < high <= 0.8
     diff, low, high = reference_curves.bootstrap_difference([1.0, 1.0], [0.0, 0.5], rng)
     assert diff == 0.75 and low == 0.5 and high == 1.0

@@ -129,13 +129,13 @@ def test_a_paper_task_with_other_settings_says_so():
     assert paper_settings.notes(TASK, False, acfql.get_config()) == []  # not a paper task
     config = dict(acfql.get_config(), actor_type='best-of-n', horizon_length=5)
     assert paper_settings.notes('puzzle-3x3-play-singletask-task4-v0', False, config) == [
-        'note: the paper runs QC on puzzle-3x3 with --sparse=True (this run: False); training on',
-        'note: the paper runs QC on puzzle-3x3 with --agent.actor_num_samples=64 (this run: 32); training on',
+        'note: the QC paper runs QC on puzzle-3x3 with --sparse=True (this run: False); training on',
+        'note: the QC paper runs QC on puzzle-3x3 with --agent.actor_num_samples=64 (this run: 32); training on',
     ]
     assert paper_settings.notes('puzzle-3x3-play-singletask-task4-v0', True, dict(config, actor_num_samples=64)) == []
     fql = dict(acfql.get_config(), horizon_length=1)
     assert paper_settings.notes('lift-mh-low_dim', False, fql) == [
-        'note: the paper runs FQL on lift with --agent.alpha=10000.0 (this run: 100.0); training on'
+        'note: the QC paper runs FQL on lift with --agent.alpha=10000.0 (this run: 100.0); training on'
     ]
     rlpd = dict(acrlpd.get_config(), horizon_length=5, bc_alpha=0.01)
     assert paper_settings.method_of(rlpd) == 'QC-RLPD'
@@ -146,7 +146,7 @@ def test_the_note_is_printed_and_the_run_goes_on(tmp_path):
     proc = run_driver('main.py', ['--env_name=cube-double-play-singletask-task1-v0', f'--dataset_dir={tmp_path}',
                                   f'--save_dir={tmp_path}'])  # fmt: skip
     # It trains on: here it goes on to look for the data, which is missing.
-    assert proc.stdout.splitlines()[0] == ('note: the paper runs QC-FQL on cube-double with --agent.alpha=300.0 '
+    assert proc.stdout.splitlines()[0] == ('note: the QC paper runs QC-FQL on cube-double with --agent.alpha=300.0 '
                                            '(this run: 100.0); training on')  # fmt: skip
     # Found while loading: one line that says how to generate the data, and no run directory.
     lines = proc.stderr.strip().splitlines()

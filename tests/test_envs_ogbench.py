@@ -437,3 +437,39 @@ def test_visual_rendering_failure_is_one_actionable_line():
     lines = [line for line in res.stdout.splitlines() if line.startswith('RESULT ')]
     assert lines, res.stderr[-3000:]
     assert 'cannot render' in lines[-1] and 'MUJOCO_GL=osmesa' in lines[-1], lines[-1]
+
+
+def write_maze_files(data_dir, steps=40):
+    """A small antmaze-large-navigate-v0 in OGBench's layout (random actions, 2 episodes): the mazes' datasets come
+    from trained expert policies and cannot be generated here, but their loading and relabelling can be tested."""
+    import gymnasium
+
+    env = gymnasium.make('antmaze-large-singletask-task1-v0')
+    rng = np.random.default_rng(0)
+    fields = {k: [] for k in ('observations', 'actions', 'terminals', 'qpos', 'qvel')}
+    for episode in range(2):
+        obs, _ = env.reset(seed=episode)
+        for i in range(steps // 2):
+            action = rng.uniform(-1, 1, env.action_space.shape).astype(np.float32)
+            for key, value in (('observations', obs), ('actions', action), ('terminals', float(i == steps // 2 - 1)),
+                               ('qpos', env.unwrapped.data.qpos.copy()), ('qvel', env.unwrapped.data.qvel.copy())):
+                fields[key].append(value)  # fmt: skip
+            obs, *_ = env.step(action)
+    arrays = {k: np.asarray(v, dtype=np.float32) for k, v in fields.items()}
+    for name in ('antmaze-large-navigate-v0', 'antmaze-large-navigate-v0-val'):
+        np.savez(os.path.join(data_dir, f'{name}.npz'), **arrays)
+    return arrays
+
+
+def test_maze_navigate_tasks_load_where_their_files_are(tmp_path):
+    name = 'antmaze-large-navigate-singletask-task1-v0'
+    with pytest.raises(EnvError, match='cannot be generated here') as e:
+        make_env_and_datasets(name, dataset_dir=str(tmp_path))
+    assert 'antmaze-large-navigate-v0.npz' in str(e.value) and '\n' not in str(e.value)
+    arrays = write_maze_files(str(tmp_path))
+    env, _, train, _ = make_env_and_datasets(name, dataset_dir=str(tmp_path))
+    assert env.observation_space.shape == (29,) and env.action_space.shape == (8,)
+    np.testing.assert_array_equal(train['observations'][:5], arrays['observations'][:5])
+    # Relabelled by OGBench for task 1's goal: -1 away from it, as random actions from the start stay.
+    assert set(np.unique(train['rewards'])) <= {-1.0, 0.0} and train['rewards'].min() == -1.0
+    assert ogbench_utils.split_name(name) == ('antmaze-large-singletask-task1-v0', 'antmaze-large-navigate-v0')

@@ -112,19 +112,19 @@ def test_the_sweep_plot_draws_the_published_curve(sweep_dir):
     fig = report.task_figure(TASK2, methods, np.random.default_rng(0))
     ax = fig.axes[0]
     dashed = {line.get_label(): line for line in ax.lines if line.get_linestyle() == '--'}
-    assert {'QC (paper)', 'RLPD (paper)'} <= set(dashed)
+    assert {'QC (QC paper)', 'RLPD (QC paper)'} <= set(dashed)
     ours = next(line for line in ax.lines if line.get_label().startswith('QC ('))
-    assert dashed['QC (paper)'].get_color() == ours.get_color()
+    assert dashed['QC (QC paper)'].get_color() == ours.get_color()
     # x counts from the start of the online phase: the paper's offline end (1M) at 0, within our runs' range.
-    xs = dashed['QC (paper)'].get_xdata()
+    xs = dashed['QC (QC paper)'].get_xdata()
     assert xs.min() == -M // 2 and xs.max() == M and 0 in xs
-    np.testing.assert_allclose(dashed['QC (paper)'].get_ydata()[list(xs).index(0)],
+    np.testing.assert_allclose(dashed['QC (QC paper)'].get_ydata()[list(xs).index(0)],
                                paper.point_at(paper.curve('cube-triple-play-task2', 'QC'), M).mean)  # fmt: skip
     assert len(ax.collections) >= 4  # our bands and the published ones
     # BFN ran 50k + 50k steps: the published offline points up to 50k steps (only step 0) from our offline start,
     # and of the online phase only the point at the phase boundary, in the same colour.
-    assert list(dashed['BFN (paper)'].get_xdata()) == [-50_000]
-    colour = dashed['BFN (paper)'].get_color()
+    assert list(dashed['BFN (QC paper)'].get_xdata()) == [-50_000]
+    colour = dashed['BFN (QC paper)'].get_color()
     boundary = [line for line in ax.lines if line.get_linestyle() == '--' and line.get_color() == colour]
     assert sorted(list(line.get_xdata()) for line in boundary) == [[-50_000], [0]]
 
@@ -142,7 +142,7 @@ def test_an_offline_run_of_100k_steps_faces_the_published_point_at_100k(tmp_path
     assert row[3].startswith('25.0 [') and row[4] == expected and row[5] == row[6] == '-'
     methods = [(m, e) for (_, m), e in report.results(str(tmp_path)).items()]
     ax = report.task_figure(env, methods, np.random.default_rng(0)).axes[0]
-    line = next(line for line in ax.lines if line.get_label() == 'QC-FQL (paper)')
+    line = next(line for line in ax.lines if line.get_label() == 'QC-FQL (QC paper)')
     # Drawn from our start (published step 0) to our end (published step 100k), which is x = 0.
     assert list(line.get_xdata()) == [-100_000, 0]
     point = paper.point_at(paper.curve('cube-double-play-task1', 'QC-FQL'), 100_000)
@@ -158,11 +158,11 @@ def test_single_run_plots_overlay_the_paper_with_a_flag(tmp_path):
     with open(run_dir / 'eval.csv', 'w') as f:
         f.write('step,return,success\n' + ''.join(f'{s},0,0.5\n' for s in range(0, 2 * M + 1, 500_000)))
     plain = plotting.draw_runs([str(tmp_path)])
-    assert not any(line.get_label() == 'QC (paper)' for line in plain.axes[0].lines)
+    assert not any(line.get_label() == 'QC (QC paper)' for line in plain.axes[0].lines)
     fig = plotting.draw_runs([str(tmp_path)], paper=True)
-    line = next(line for line in fig.axes[0].lines if line.get_label() == 'QC (paper)')
+    line = next(line for line in fig.axes[0].lines if line.get_label() == 'QC (QC paper)')
     # Absolute steps here: the paper's offline end lands on our boundary at 1M.
     assert line.get_linestyle() == '--' and line.get_xdata()[0] == 0 and line.get_xdata()[-1] == 2 * M
-    assert not any(line.get_label() == 'QC (paper)' for line in fig.axes[1].lines)  # success axes only
+    assert not any(line.get_label() == 'QC (QC paper)' for line in fig.axes[1].lines)  # success axes only
     out = tmp_path / 'curves.png'
     assert plotting.main(['plot', str(tmp_path), '--paper', '--out', str(out)]) == 0 and out.stat().st_size > 0

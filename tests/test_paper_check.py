@@ -1,5 +1,6 @@
 """`scripts/paper_check.sh`: the budget plan, the refusals, and the whole chain on a CPU with `--tiny`."""
 
+import json
 import os
 import subprocess
 
@@ -62,3 +63,31 @@ def test_the_tiny_check_runs_the_whole_chain(tmp_path):
     # QC-FQL's two seeds ran in one process; each has its own finished run directory.
     runs = sorted(os.listdir(out / 'sweep' / 'runs'))
     assert len(runs) == 3 and all((out / 'sweep' / 'runs' / r / 'finished.json').exists() for r in runs)
+
+
+def test_the_qam_plan_runs_qam_first_then_qam_f():
+    plan = paper_check.make_plan(paper_check.PAPER, 20 * MINUTE, generate=False, cores=16, name='qam')
+    assert list(plan.seeds) == ['QAM', 'QAM-F'] and plan.steps % 50_000 == 0 and plan.steps >= 100_000
+    text = '\n'.join(plan.lines(20 * MINUTE, paper_check.PAPER))
+    assert 'no GPU has measured it' in text and "QAM-F on cube-double is QAM's setting" in text
+    # Slower than QC-FQL by the CPU ratio, so fewer seeds fit the same budget than QC-FQL gets.
+    qc = paper_check.make_plan(paper_check.PAPER, 20 * MINUTE, generate=False, cores=16)
+    assert plan.seconds['QAM'] / plan.seeds['QAM'] > qc.seconds['QC-FQL'] / qc.seeds['QC-FQL']
+
+
+@pytest.mark.slow
+def test_the_tiny_qam_check_runs_the_whole_chain(tmp_path):
+    out = tmp_path / 'check'
+    proc = subprocess.run(['bash', 'scripts/paper_check.sh', '--paper=qam', '--tiny', f'--out={out}'], cwd=ROOT,
+                          env=subprocess_env(), capture_output=True, text=True)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert 'QAM: 2 seeds in one process, 200 offline steps' in proc.stdout
+    lines = proc.stdout.splitlines()
+    assert '| task | method | seeds | offline end (%) | QAM paper (%) | p |' in '\n'.join(lines)
+    rows = [line for line in lines if line.startswith('| cube-double-play-singletask-task1-v0')]
+    assert [r.split('|')[2].strip() for r in rows] == ['QAM', 'QAM-F']
+    for row in rows:
+        assert "| shorter than the paper's protocol | - |" in row
+    flags = json.loads(next((out / 'sweep' / 'runs').glob('QAM-F.*/flags.json')).read_text())
+    assert flags['protocol'] == 'qam' and flags['paper_method'] == 'QAM' and flags['agent']['num_qs'] == 2
+    assert (out / 'plots' / 'cube-double-play-singletask-task1-v0.png').stat().st_size > 0

@@ -36,7 +36,7 @@ AGENT_ALIASES = dict(horizon_length=5, discount=None)
 RENAMED_FLAGS = dict(seed_chunk='seeds_per_vmap', env_threads='env_workers')
 # How `--help` groups the run settings (every `RunConfig` field is in one group).
 SETTING_GROUPS = dict(
-    run=('env_name', 'seeds', 'run_group', 'save_dir', 'exp_name', 'resume'),
+    run=('env_name', 'seeds', 'run_group', 'save_dir', 'exp_name', 'resume', 'protocol'),
     data=('dataset_dir', 'dataset_proportion', 'sparse', 'ogbench_dataset_dir', 'dataset_replace_interval',
           'frame_stack', 'p_aug', 'buffer_size'),
     training=('offline_steps', 'online_steps', 'start_training', 'utd_ratio', 'balanced_sampling'),
@@ -175,6 +175,11 @@ class RunConfig:
         None, 'Persistent XLA compilation cache, shared by runs with the same shapes (a sweep, a requeued job) so that '
         'they load their compiled programs instead of compiling them again; safe for concurrent processes. Default: '
         '$JAX_COMPILATION_CACHE_DIR, else ~/.cache/qc-jax/xla; "none": off.', kind=str, on_resume=MAY_CHANGE)
+    protocol: str = setting('auto', "The paper whose protocol the run follows: qc (Li, Zhou, Levine 2025) or qam (Li, "
+                            'Levine 2026). The run says where its settings differ from that paper\'s for its method '
+                            'and task, and sweep.py table and log_utils plot --paper face it with that paper\'s '
+                            'curves. auto: the paper of the agent (agents/qam.py: qam; the others: qc).',
+                            on_resume=MAY_CHANGE)
     preset: Preset = None  # The driver's preset.
     agent: Any = None  # The agent ConfigDict; holds horizon_length and discount.
 
@@ -211,7 +216,8 @@ class RunConfig:
     @property
     def flag_record(self):
         """What `flags.json` records: every setting by its flag name (`seed` for one seed, `seeds` for several),
-        the resolved agent config under `agent` and the driver's preset under `preset`."""
+        the resolved agent config under `agent`, the driver's preset under `preset`, and the name of the run's
+        method in the paper of its protocol under `paper_method` (for the plots)."""
         record = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.metadata and f.name != 'seeds'}
         if self.num_seeds == 1:
             record['seed'] = self.seed
@@ -219,6 +225,7 @@ class RunConfig:
             record['seeds'] = list(self.seeds)
         record['agent'] = self.agent.to_dict()
         record['preset'] = dataclasses.asdict(self.preset)
+        record['paper_method'] = paper_settings.method_of(self.agent, self.protocol)  # None: not in that paper
         return record
 
     def for_seed(self, seed):
@@ -304,7 +311,7 @@ def from_flags(flag_values, preset):
         values['offline_steps'] = 0  # A driver without an offline phase (no offline flags) runs none.
     agent = resolve_agent_config(flag_values)
     run = validate(RunConfig(**values, seeds=resolve_seeds(flag_values), preset=preset, agent=agent))
-    for line in paper_settings.notes(run.env_name, run.sparse, run.agent):
+    for line in paper_settings.notes(run.env_name, run.sparse, run.agent, run.protocol):
         print(line, flush=True)  # a paper task run with other settings than the paper's: said, then trained
     return run
 
@@ -362,6 +369,10 @@ def validate(run):
     for field in dataclasses.fields(run):
         if field.metadata:
             _check_bounds(field.name, getattr(run, field.name), field.metadata)
+    if run.protocol == 'auto':
+        run = dataclasses.replace(run, protocol=paper_settings.protocol_of(run.agent))
+    if run.protocol not in paper_settings.PROTOCOL_NAMES:
+        raise UsageError(f'--protocol must be auto, {" or ".join(paper_settings.PROTOCOL_NAMES)}, got {run.protocol}')
     if not run.seeds or len(set(run.seeds)) != len(run.seeds) or min(run.seeds) < 0:
         raise UsageError(f'--seeds must be distinct non-negative integers, got {",".join(map(str, run.seeds))}')
     if run.num_seeds > 1 and run.ogbench_dataset_dir is not None:

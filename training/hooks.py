@@ -157,7 +157,9 @@ class Hooks:
         for lane, info in zip(self.lanes, infos, strict=True):
             lane.loggers.log(run_files.agent_log(self.phase), dict(info, **{'time/total': elapsed}), log_step)
         for key, name in (('critic/critic_loss', 'critic'), ('actor/actor_loss', 'actor')):
-            self.postfix[name] = float(np.mean([info.get(key, np.nan) for info in infos]))
+            values = [info[key] for info in infos if key in info]  # QAM logs no actor/actor_loss
+            if values:
+                self.postfix[name] = float(np.mean(values))
         self.bar.set_postfix(self.postfix, refresh=False)
 
     def evaluate(self, step):
