@@ -136,8 +136,8 @@ def test_update_losses_finite_and_params_change(agents, dataset, chunking):
         np.testing.assert_allclose(new_tp, tau * p + (1 - tau) * tp, rtol=1e-6, atol=1e-7)
 
 
-@pytest.mark.parametrize('q_agg', ['mean', 'min'])
-def test_critic_target_and_loss_by_hand(agents, q_agg):
+@pytest.mark.parametrize('q_agg, rho', [('mean', 0.0), ('min', 0.0), ('mean', 0.5)])
+def test_critic_target_and_loss_by_hand(agents, q_agg, rho):
     # Constant critics: zero final kernels and per-member biases make Q independent of its inputs.
     target_values, online_values = np.array([1.0, 2.0, 6.0]), np.array([0.5, -1.0, 3.0])
 
@@ -153,7 +153,7 @@ def test_critic_target_and_loss_by_hand(agents, q_agg):
     agent = with_params(agents[True], 'modules_target_critic', constant(target_values))
     agent = with_params(agent, 'modules_critic', constant(online_values))
     agent = agent.replace(
-        config=ml_collections.FrozenConfigDict({**agent.config.as_configdict().to_dict(), 'q_agg': q_agg})
+        config=ml_collections.FrozenConfigDict({**agent.config.as_configdict().to_dict(), 'q_agg': q_agg, 'rho': rho})
     )
 
     batch = dict(
@@ -164,7 +164,7 @@ def test_critic_target_and_loss_by_hand(agents, q_agg):
         masks=np.array([[1, 1, 1], [1, 1, 0], [1, 1, 1]], np.float32),
         valid=np.array([[1, 1, 1], [1, 1, 1], [1, 1, 0]], np.float32),
     )
-    agg = 3.0 if q_agg == 'mean' else 1.0
+    agg = (3.0 if q_agg == 'mean' else 1.0) - rho * np.std(target_values)  # the QAM paper's pessimistic target
     gamma_h = 0.99**3
     targets = np.array([2.0 + gamma_h * agg, -1.0, 3.0 + gamma_h * agg])
     valid = np.array([1.0, 1.0, 0.0])
@@ -265,3 +265,20 @@ def test_temperature_loss_reuses_the_actor_loss_sample(agents, dataset):
     grads = jax.grad(lambda p: agent.temperature_loss(batch, p, jax.random.PRNGKey(3))[0])(agent.network.params)
     assert all(not np.any(np.asarray(g)) for g in jax.tree_util.tree_leaves(grads['modules_actor']))
     assert np.any(np.asarray(grads['modules_temp']['log_temp']))
+
+
+def test_bc_mask_chunk_leaves_out_chunks_past_an_episode_end(agents, dataset):
+    # The QAM paper's RLPD weights each chunk's BC log-likelihood by valid[..., -1]; QC's ('none') does not.
+    batch = sample_batch(dataset)
+    batch['valid'] = np.ones_like(batch['valid'])
+    batch['valid'][: BATCH // 2, -1] = 0.0
+    rng = jax.random.PRNGKey(3)
+    plain = agents[True]
+    masked = plain.replace(config=ml_collections.FrozenConfigDict(
+        {**plain.config.as_configdict().to_dict(), 'bc_mask': 'chunk'}))  # fmt: skip
+    chunks = np.clip(batch['actions'].reshape(BATCH, -1), -1 + 1e-5, 1 - 1e-5)
+    log_probs = np.asarray(plain.network.select('actor')(batch['observations']).log_prob(chunks))
+    _, info = plain.actor_loss(batch, plain.network.params, rng)
+    _, masked_info = masked.actor_loss(batch, masked.network.params, rng)
+    assert float(info['bc_nll']) == pytest.approx(-log_probs.mean(), rel=1e-5)
+    assert float(masked_info['bc_nll']) == pytest.approx(-(log_probs * batch['valid'][:, -1]).mean(), rel=1e-5)
