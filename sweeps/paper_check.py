@@ -29,6 +29,7 @@ import sys
 import time
 
 from analysis import paper
+from training.paper_settings import domain_flags
 from utils.errors import UserError, run_cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -157,9 +158,10 @@ def make_plan(scale, budget_s, generate, cores, name='qc'):
                      if process_seconds(scale, second, s, steps) <= left), 0)  # fmt: skip
     seconds[second] = process_seconds(scale, second, max(qc_seeds, 1), steps)
     notes = ()
-    if name == 'qam':
-        notes = ("the QAM paper's QAM-F on cube-double is QAM's setting (its reproduce.py: fql_alpha=0 there), so its "
-                 'seeds are more seeds of the same setting, faced with the published QAM-F seeds',)  # fmt: skip
+    if domain_flags(first, ENV_NAME, name) == domain_flags(second, ENV_NAME, name):
+        notes = (f"the {paper.protocol(name).title}'s {second} on this domain is {first}'s setting (the same "
+                 f'per-domain values), so its seeds are more seeds of that setting, faced with the published {second} '
+                 'seeds',)  # fmt: skip
     return Plan(generate=generate, steps=steps, seeds={first: fql_seeds, second: qc_seeds}, seconds=seconds,
                 notes=notes)  # fmt: skip
 

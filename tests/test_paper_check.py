@@ -69,7 +69,8 @@ def test_the_qam_plan_runs_qam_first_then_qam_f():
     plan = paper_check.make_plan(paper_check.PAPER, 20 * MINUTE, generate=False, cores=16, name='qam')
     assert list(plan.seeds) == ['QAM', 'QAM-F'] and plan.steps % 50_000 == 0 and plan.steps >= 100_000
     text = '\n'.join(plan.lines(20 * MINUTE, paper_check.PAPER))
-    assert 'no GPU has measured it' in text and "QAM-F on cube-double is QAM's setting" in text
+    assert 'no GPU has measured it' in text and "QAM-F on this domain is QAM's setting" in text
+    assert not paper_check.make_plan(paper_check.PAPER, 20 * MINUTE, generate=False, cores=16).notes  # QC != QC-FQL
     # Slower than QC-FQL by the CPU ratio, so fewer seeds fit the same budget than QC-FQL gets.
     qc = paper_check.make_plan(paper_check.PAPER, 20 * MINUTE, generate=False, cores=16)
     assert plan.seconds['QAM'] / plan.seeds['QAM'] > qc.seconds['QC-FQL'] / qc.seeds['QC-FQL']

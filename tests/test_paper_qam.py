@@ -147,9 +147,13 @@ def test_a_spec_follows_one_protocol():
         assert '\n' not in str(e.value)
 
 
-def test_every_qam_preset_parses_as_its_driver_would(tmp_path):
+def test_every_qam_preset_and_the_example_spec_parse_as_their_drivers_would(tmp_path):
     runs, _ = spec.expand(dict(protocol='qam', methods=list(presets.QAM_METHODS), envs=[TASK1], seeds=1))
     spec.check_units(spec.group_units(runs, 1), str(tmp_path))
+    example = os.path.join(os.path.dirname(presets.__file__), 'examples', 'qam_cube_double.yaml')
+    runs, per_process = spec.expand(spec.load_spec(example))
+    assert len(runs) == 4 * 5 * 12 and {r.protocol for r in runs} == {'qam'}
+    spec.check_units(spec.group_units(runs, per_process), str(tmp_path))
 
 
 def cell(text, label, method):

@@ -13,8 +13,9 @@
 """
 
 from agents import agent_module
+from analysis import paper
 
-PROTOCOL_NAMES = ('qc', 'qam')
+PROTOCOL_NAMES = tuple(paper.PROTOCOLS)
 
 # Domains whose rewards each paper sparsifies (-1 until success, then 0); the QC reference README: "For `scene` and
 # `puzzle-3x3` domains, use `--sparse=True`"; the QAM scripts run `scene-play-sparse`, `puzzle-*-play-sparse`.
@@ -115,7 +116,7 @@ def notes(env_name, sparse, config, protocol='qc'):
     if domain is None:
         return []
     method = method_of(config, protocol)
-    title = {'qc': 'the QC paper', 'qam': 'the QAM paper'}[protocol]
+    title = f'the {paper.protocol(protocol).title}'
     if method is None:
         return [f'note: {title} has no method with this agent config ({config.get("agent_name")}); its settings '
                 'and published curves do not apply; training on']  # fmt: skip
