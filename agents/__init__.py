@@ -12,6 +12,7 @@ _CLASSES = dict(
     acfql=('agents.acfql', 'ACFQLAgent'),
     acrlpd=('agents.acrlpd', 'ACRLPDAgent'),
     qam=('agents.qam', 'QAMAgent'),
+    fedit=('agents.fedit', 'FEditAgent'),
 )
 
 

@@ -11,6 +11,7 @@ import ml_collections
 
 from rlpd_distributions import TanhNormal
 from rlpd_networks import MLP, Ensemble, StateActionValue
+from utils import networks as qam_networks
 from utils.config_rules import boolean, fraction, non_negative, number, one_of, optional, positive, widths
 from utils.flax_utils import adam, gradient_step, init_network, nonpytree_field, scan_updates, sum_losses
 from utils.flows import chunk_actions, example_chunks
@@ -135,6 +136,8 @@ class ACRLPDAgent(flax.struct.PyTreeNode):
         config = ml_collections.ConfigDict(config).to_dict()
         if config['q_agg'] not in ('mean', 'min'):
             raise ValueError(f"q_agg must be 'mean' or 'min', got {config['q_agg']!r}")
+        if config['network_style'] == 'qam' and config['num_qs'] < 2:
+            raise ValueError("network_style='qam' needs num_qs >= 2 (its critic has no ensemble axis with one)")
 
         rng = jax.random.PRNGKey(seed)
         rng, init_rng = jax.random.split(rng)
@@ -145,11 +148,21 @@ class ACRLPDAgent(flax.struct.PyTreeNode):
         if config['target_entropy'] is None:
             config['target_entropy'] = -config['target_entropy_multiplier'] * full_action_dim
 
-        critic_base_cls = functools.partial(
-            MLP, hidden_dims=config['value_hidden_dims'], activate_final=True, use_layer_norm=config['layer_norm']
+        if config['network_style'] == 'qam':  # The QAM reference's networks: GELU, layer norm after it.
+            critic_def = qam_networks.Value(
+                hidden_dims=tuple(config['value_hidden_dims']), layer_norm=config['layer_norm'],
+                num_ensembles=config['num_qs'],
+            )  # fmt: skip
+            actor_trunk = qam_networks.MLP
+        else:  # The QC reference's (RLPD's) networks: ReLU, layer norm before it.
+            critic_base_cls = functools.partial(
+                MLP, hidden_dims=config['value_hidden_dims'], activate_final=True, use_layer_norm=config['layer_norm']
+            )
+            critic_def = Ensemble(functools.partial(StateActionValue, base_cls=critic_base_cls), num=config['num_qs'])
+            actor_trunk = MLP
+        actor_base_cls = functools.partial(
+            actor_trunk, hidden_dims=tuple(config['actor_hidden_dims']), activate_final=True
         )
-        critic_def = Ensemble(functools.partial(StateActionValue, base_cls=critic_base_cls), num=config['num_qs'])
-        actor_base_cls = functools.partial(MLP, hidden_dims=config['actor_hidden_dims'], activate_final=True)
         actor_def = TanhNormal(actor_base_cls, full_action_dim)
         network_info = dict(
             critic=(critic_def, (ex_observations, ex_full_actions)),
@@ -192,6 +205,7 @@ CONFIG_RULES = dict(
     q_agg=one_of('mean', 'min'),
     rho=non_negative(),
     bc_mask=one_of('none', 'chunk'),
+    network_style=one_of('qc', 'qam'),
     horizon_length=optional(positive(int)),
     action_chunking=boolean(),
     init_temp=positive(float),
@@ -219,6 +233,7 @@ def get_config():
             q_agg='mean',  # How target critics are combined in the backup: 'mean' or 'min'.
             rho=0.0,  # Pessimism: target and actor use the aggregate minus rho * ensemble std (QAM paper: 0.5).
             bc_mask='none',  # BC on every chunk ('none', QC) or only on chunks inside one episode ('chunk', QAM).
+            network_style='qc',  # Whose MLPs: 'qc' (ReLU, layer norm before it) or 'qam' (GELU, layer norm after it).
             horizon_length=ml_collections.config_dict.placeholder(int),  # Chunk length H; set by the launcher.
             action_chunking=True,  # Act with chunks of H actions; False: single actions with an H-step backup.
             init_temp=1.0,  # Initial temperature alpha.

@@ -11,7 +11,6 @@ automatically tuned entropy weight. Sampling keeps the best of `best_of_n` chunk
 """
 
 import copy
-import functools
 from typing import Any
 
 import flax
@@ -19,7 +18,6 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from rlpd_distributions import TanhNormal
 from utils.config_rules import (
     at_most_one_positive,
     boolean,
@@ -31,9 +29,10 @@ from utils.config_rules import (
     positive,
     widths,
 )
+from utils.edit_policy import edit_loss, edit_networks, edit_target_entropy, edited_actions
 from utils.flax_utils import adam, gradient_step, init_network, nonpytree_field, scan_updates, sum_losses
 from utils.flows import best_of_n, chunk_actions, chunk_td_loss, euler_flow, example_chunks, flow_matching_pair
-from utils.networks import MLP, ActorVectorField, Temperature, Value
+from utils.networks import ActorVectorField, Value
 
 
 class QAMAgent(flax.struct.PyTreeNode):
@@ -145,28 +144,11 @@ class QAMAgent(flax.struct.PyTreeNode):
         }
 
     def _edit_loss(self, observations, grad_params, rng):
-        """QAM-E: the edit policy pi_e(e | s, a) on a fine-tuned flow chunk a maximises Q(s, clip(a + edit_scale e))
-        with SAC's entropy term; the entropy weight is tuned toward `edit_target_entropy`."""
+        """QAM-E: the edit policy (`utils.edit_policy`) on chunks of the fine-tuned flow."""
         noise_rng, sample_rng = jax.random.split(rng)
         noises = jax.random.normal(noise_rng, (observations.shape[0], self.config['full_action_dim']))
         flow_actions = self.compute_flow_actions(observations, noises, self._fine_flow())  # (B, D)
-        edit_inputs = jnp.concatenate([observations, flow_actions], axis=-1)
-        edit_dist = self.network.select('edit_actor')(edit_inputs, params=grad_params)
-        edit, log_probs = edit_dist.sample_and_log_prob_event_first(sample_rng)  # (B, D), (B,); TFP's draws
-        edited = jnp.clip(flow_actions + self.config['edit_scale'] * edit, -1, 1)
-        q_loss = -self.network.select('critic')(observations, edited).mean(axis=0).mean()
-        entropy_loss = (log_probs * self.network.select('edit_alpha')()).mean()
-        alpha = self.network.select('edit_alpha')(params=grad_params)
-        entropy = -jax.lax.stop_gradient(log_probs).mean()
-        alpha_loss = alpha * (entropy - self.config['edit_target_entropy'])
-        info = {
-            'edit_q_loss': q_loss,
-            'edit_entropy_loss': entropy_loss,
-            'edit_alpha_loss': alpha_loss,
-            'edit_entropy': entropy,
-            'edit_alpha': alpha,
-        }
-        return q_loss + entropy_loss + alpha_loss, info
+        return edit_loss(self, observations, flow_actions, grad_params, sample_rng)
 
     def total_loss(self, batch, grad_params, rng=None):
         """Critic loss plus actor loss, with `critic/` and `actor/` prefixed infos."""
@@ -227,9 +209,7 @@ class QAMAgent(flax.struct.PyTreeNode):
             flows = self._fine_flow() if self.config['inv_temp'] > 0 else ('actor_slow',)
             actions = self.compute_flow_actions(obs_rep, noises, flows)
             if self.config['edit_scale'] > 0:
-                edit_dist = self.network.select('edit_actor')(jnp.concatenate([obs_rep, actions], axis=-1))
-                edit, _ = edit_dist.sample_and_log_prob_event_first(edit_rng)
-                actions = actions + self.config['edit_scale'] * edit
+                actions = edited_actions(self, obs_rep, actions, edit_rng)
             actions = jnp.clip(actions, -1, 1)
         q = self.network.select('critic')(obs_rep, actions).mean(axis=0)  # (..., N)
         return best_of_n(actions, q)
@@ -248,8 +228,7 @@ class QAMAgent(flax.struct.PyTreeNode):
         action_dim = ex_actions.shape[-1]
         full_action_dim = full_actions.shape[-1]  # H * A, or A without chunking
         ex_times = ex_actions[..., :1]
-        if config['edit_target_entropy'] is None:
-            config['edit_target_entropy'] = -config['edit_target_entropy_multiplier'] * full_action_dim
+        config['edit_target_entropy'] = edit_target_entropy(config, full_action_dim)
 
         critic_def = Value(
             hidden_dims=tuple(config['value_hidden_dims']),
@@ -271,12 +250,7 @@ class QAMAgent(flax.struct.PyTreeNode):
         if config['fql_alpha'] > 0:
             network_info['one_step_actor'] = (copy.deepcopy(actor_def), (ex_observations, full_actions))
         if config['edit_scale'] > 0:
-            trunk = functools.partial(MLP, hidden_dims=tuple(config['actor_hidden_dims']), activate_final=True)
-            network_info['edit_actor'] = (
-                TanhNormal(trunk, full_action_dim),
-                (jnp.concatenate([ex_observations, full_actions], axis=-1),),
-            )
-            network_info['edit_alpha'] = (Temperature(), ())
+            network_info.update(edit_networks(config, ex_observations, full_actions))
         network_tx = adam(config['lr'], clip_norm=1.0 if config['clip_grad'] else None)
         network = init_network(network_info, init_rng, network_tx, targets=('critic', 'actor_slow'))
 

@@ -24,6 +24,8 @@ AGENTS = {
     'QAM-F': ('qam', dict(horizon_length=5, inv_temp=10.0, fql_alpha=300.0)),
     'QAM-E': ('qam', dict(horizon_length=5, inv_temp=3.0, edit_scale=0.1)),
     'FQL (QAM paper)': ('acfql', dict(horizon_length=5, num_qs=10, rho=0.5, bc_mask='chunk')),
+    # The QAM paper's baselines (their reproduce.py's cube-double values).
+    'FEdit': ('fedit', dict(horizon_length=5, edit_scale=0.2)),
 }
 
 # Network sizes. `paper` is the paper's setting; `tiny` is what `--quick` uses.

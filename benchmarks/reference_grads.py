@@ -32,6 +32,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL = dict(actor_hidden_dims=[32, 32], value_hidden_dims=[32, 32])
 # The QAM paper's FQL is ACFQL with these keys (their `agents/fql.py` has no others to set).
 QAM_FQL = dict(actor_type='distill-ddpg', num_qs=10, rho=0.5, bc_mask='chunk')
+# The QAM paper's RLPD is ACRLPD with these keys (rho, num_qs and the BC weight are set on both sides).
+QAM_RLPD = dict(bc_mask='chunk', network_style='qam')
+RLPD_SHARED = dict(num_qs=10, rho=0.5, bc_alpha=0.1)
 OTHER_SWITCHES = dict(target_actor=False, use_target_grad=False, clip_adj=False, clip_grad=False, best_of_n=4)
 
 # name: (our agent, their module, keys set on both sides, keys set only on ours)
@@ -49,24 +52,69 @@ CASES = {
     'QAM-E single-action': ('qam', 'agents.qam', dict(action_chunking=False, edit_scale=0.1), {}),
     'FQL (ACFQL with rho)': ('acfql', 'agents.fql', dict(action_chunking=True), QAM_FQL),
     'FQL single-action (ACFQL with rho)': ('acfql', 'agents.fql', dict(action_chunking=False), QAM_FQL),
+    'FEdit': ('fedit', 'agents.fedit', dict(action_chunking=True, edit_scale=0.2, best_of_n=4), {}),
+    'FEdit single-action': ('fedit', 'agents.fedit', dict(action_chunking=False, edit_scale=0.2), {}),
+    'RLPD (ACRLPD with rho)': ('acrlpd', 'agents.rlpd', dict(action_chunking=True, **RLPD_SHARED), QAM_RLPD),
+    'RLPD single-action (ACRLPD with rho)': (
+        'acrlpd', 'agents.rlpd', dict(action_chunking=False, **RLPD_SHARED), QAM_RLPD,
+    ),  # fmt: skip
 }
 TOLERANCE = 1e-5
 GROUPS = ('loss', 'info', 'grad', 'adjoint', 'update', 'batch_update', 'actions')
 
 
-def renamed(key):
+# Their module names that differ here, by agent: the temperature is `Temperature` (`log_temp`) everywhere here.
+MODULE_NAMES = {
+    'qam': {'modules_edit_alpha/log_value': 'modules_edit_alpha/log_temp'},
+    'acrlpd': {'modules_alpha/log_value': 'modules_temp/log_temp'},
+    'fedit': {'modules_alpha/log_value': 'modules_edit_alpha/log_temp'},  # the edit policy's, as QAM-E's
+}
+
+
+def renamed(key, agent_name):
     """The key of a reference array (a parameter, its gradient, ...) here (None: of a module this project does not
     build)."""
     if '/modules_target_actor_fast/' in key:
         return None  # their QAM builds a target of the fine-tuned flow that nothing reads
-    return key.replace('modules_edit_alpha/log_value', 'modules_edit_alpha/log_temp')
+    for theirs, ours in MODULE_NAMES.get(agent_name, {}).items():
+        key = key.replace(theirs, ours)
+    return key
 
 
-def load_params(agent, theirs):
+def rlpd_actor_loss(agent, batch, params, key):
+    """ACRLPD's actor and temperature losses as one, the way their RLPD's `actor_loss` returns them (same key:
+    the temperature loss sees the actor's sample)."""
+    loss, info = agent.actor_loss(batch, params, key)
+    alpha_loss, alpha_info = agent.temperature_loss(batch, params, key)
+    total = loss + alpha_loss
+    return total, {**info, 'total_loss': total, 'alpha_loss': alpha_loss, 'alpha': alpha_info['alpha']}
+
+
+def rlpd_info_names(ours, agent):
+    """Adds their RLPD's names of ACRLPD's temperature logs: their `actor/` holds what ACRLPD logs as `alpha/`."""
+    for prefix in ('total/info/', 'update/info/'):
+        if f'{prefix}alpha/alpha_loss' in ours:
+            ours[f'{prefix}actor/alpha_loss'] = ours[f'{prefix}alpha/alpha_loss']
+            ours[f'{prefix}actor/alpha'] = ours[f'{prefix}alpha/alpha']
+            ours[f'{prefix}actor/total_loss'] = (
+                ours[f'{prefix}actor/actor_loss'] + ours[f'{prefix}actor/bc_loss'] + ours[f'{prefix}alpha/alpha_loss']
+            )
+    return ours
+
+
+# Where an agent splits or writes its losses unlike the reference: (losses for `probe`, `f(ours, agent)` translating
+# its arrays to the reference's).
+ADAPTERS = {
+    'acrlpd': ({'actor': rlpd_actor_loss}, rlpd_info_names),
+}
+
+
+def load_params(agent, theirs, agent_name):
     """`agent` with the reference's parameters (same module names and shapes, else an error) and a fresh optimizer
     state; also the largest difference of the two codes' initial parameters."""
     ours = probe.flatten(agent.network.params, 'params/')
-    mapped = {renamed(k): v for k, v in theirs.items() if k.startswith('params/') and renamed(k)}
+    names = {k: renamed(k, agent_name) for k in theirs if k.startswith('params/')}
+    mapped = {name: theirs[k] for k, name in names.items() if name}
     if set(mapped) != set(ours):
         only_theirs, only_ours = sorted(set(mapped) - set(ours)), sorted(set(ours) - set(mapped))
         raise SystemExit(f'parameter names differ: only theirs {only_theirs}, only ours {only_ours}')
@@ -90,12 +138,12 @@ def group_of(key):
     return key.split('/')[1]  # <loss>/loss, <loss>/info/..., <loss>/grad/...
 
 
-def compare(ours, theirs):
+def compare(ours, theirs, agent_name):
     """{group: (worst relative error, its key)} over every array the reference wrote (bar params and draws), and the
     keys this project lacks."""
     worst, missing = {}, []
     for their_key, t in theirs.items():
-        key = renamed(their_key)
+        key = renamed(their_key, agent_name)
         if key is None or key.startswith(('params/', 'draws/', 'ndraws/')):
             continue
         if key not in ours:
@@ -126,7 +174,7 @@ def our_config(agent_name, shared, extra):
 
 def run_case(name, reference, work_dir):
     agent_name, their_module, shared, extra = CASES[name]
-    record = agent_name == 'acfql'
+    record = agent_name in ('acfql', 'acrlpd')  # the QC reference's key splits; the others split as theirs
     out = os.path.join(work_dir, f'{"".join(c if c.isalnum() else "_" for c in name)}.npz')
     argv = [
         sys.executable, os.path.join(ROOT, 'benchmarks', 'reference_grads_probe.py'), f'--module={their_module}',
@@ -139,10 +187,11 @@ def run_case(name, reference, work_dir):
     theirs = dict(np.load(out))
     cls, config = our_config(agent_name, shared, extra)
     agent = cls.create(probe.SEED, *probe.example_inputs(), config)
-    agent, init_gap = load_params(agent, theirs)
+    agent, init_gap = load_params(agent, theirs, agent_name)
     adjoint = (lambda a, obs, key: a.adjoint_pass(obs, key)) if hasattr(agent, 'adjoint_pass') else None
-    ours = probe.probe(agent, adjoint, replay=theirs if record else None)
-    worst, missing = compare(ours, theirs)
+    losses, translate = ADAPTERS.get(agent_name, (None, lambda o, a: o))
+    ours = translate(probe.probe(agent, adjoint, replay=theirs if record else None, losses=losses), agent)
+    worst, missing = compare(ours, theirs, agent_name)
     for step in ('update', 'batch_update'):  # a comparison of parameters that did not move would prove nothing
         moved = [k for k in ours if k.startswith(f'{step}/params/modules_critic/')]
         if moved and all(np.array_equal(ours[k], ours['params/' + k.split('/params/')[1]]) for k in moved):

@@ -61,6 +61,7 @@ class Draws:
         self.recording = draws is None
         self.draws = [] if draws is None else list(draws)
         self.count = 0
+        self.by_key = {}
 
     def _wrap(self, original):
         def draw(key, shape=(), *args, **kwargs):
@@ -68,10 +69,17 @@ class Draws:
                 value = original(key, shape, *args, **kwargs)
                 self.draws.append(np.asarray(value))
                 return value
-            value = self.draws[self.count]
-            self.count += 1
+            fingerprint = np.asarray(jax.random.key_data(key)).tobytes()
+            if fingerprint in self.by_key:  # a key drawn again gives the same numbers, in either code
+                value = self.by_key[fingerprint]
+            else:
+                value = self.draws[self.count]
+                self.count += 1
+                self.by_key[fingerprint] = value
             if value.size != int(np.prod(shape)):
                 raise ValueError(f'draw {self.count} has {value.size} values, the code asks for shape {shape}')
+            if value.ndim == 2 and value.shape[::-1] == tuple(d for d in shape if d != 1):
+                value = value.T  # tensorflow_probability draws (event, batch) and transposes; distrax (batch, event)
             return jnp.asarray(value).reshape(shape)
 
         return draw
@@ -89,9 +97,10 @@ class Draws:
             raise ValueError(f'the code used {self.count} of the {len(self.draws)} recorded draws')
 
 
-def probe(agent, adjoint=None, replay=None):
+def probe(agent, adjoint=None, replay=None, losses=None):
     """Everything compared and the parameters (`params/`), as {name: numpy array}; `adjoint(agent, observations,
-    key)` gives (xs, adjs, ts, info).
+    key)` gives (xs, adjs, ts, info); `losses` maps 'total', 'critic' or 'actor' to a `(agent, batch, params, key)
+    -> (loss, info)` where one code splits a loss differently (default: the agent's `<name>_loss` method).
 
     `replay`: None to use the keys (both codes split them alike), {} to record the draws (they come back under
     `draws/<computation>/<i>`), or such a record to replay it.
@@ -113,16 +122,17 @@ def probe(agent, adjoint=None, replay=None):
             out[f'ndraws/{name}'] = np.asarray(len(draws.draws))
         return result
 
-    def loss_and_grads(method, key, has_info=True):
+    def loss_and_grads(name, method, key):
         def fn(params):
-            result = getattr(agent, method)(batch, params, key)
-            return result if has_info else (result, {})
+            if losses and name in losses:
+                return losses[name](agent, batch, params, key)
+            return getattr(agent, method)(batch, params, key)
 
         grad_fn = jax.value_and_grad(fn, has_aux=True)
         return grad_fn(agent.network.params) if replay is not None else jax.jit(grad_fn)(agent.network.params)
 
     for name, method in (('total', 'total_loss'), ('critic', 'critic_loss'), ('actor', 'actor_loss')):
-        (loss, info), grads = run(name, lambda m=method, n=name: loss_and_grads(m, keys[n]))
+        (loss, info), grads = run(name, lambda m=method, n=name: loss_and_grads(n, m, keys[n]))
         out[f'{name}/loss'] = np.asarray(loss)
         out.update(flatten(info, f'{name}/info/'))
         out.update(flatten(grads, f'{name}/grad/'))

@@ -15,6 +15,8 @@ RLPD 500K online steps); a sweep adds the protocol's per-domain settings and eac
 
 import dataclasses
 
+from training.paper_settings import QAM_METHOD_FLAGS
+
 
 @dataclasses.dataclass(frozen=True)
 class Method:
@@ -68,13 +70,16 @@ QAM_METHODS = {
                "QAM plus a one-step policy distilled from QAM's flow while maximising Q (fql_alpha)", 'qam'),
         Method('QAM-E', 'main.py', {'agent': 'agents/qam.py', **QAM_STEPS},
                'QAM plus a TanhNormal edit of its actions maximising Q (edit_scale)', 'qam'),
+        Method('FEdit', 'main.py', {'agent': 'agents/fedit.py', **QAM_STEPS},
+               'BC flow chunks refined by an edit policy that maximises Q (EXPO)', 'qam'),
         # Their agents/fql.py: this project's ACFQL with their 10-critic pessimistic target and BC mask.
-        Method('FQL', 'main.py', {'agent.actor_type': 'distill-ddpg', 'agent.bc_mask': 'chunk', **QAM_STEPS},
+        Method('FQL', 'main.py', {'agent.actor_type': 'distill-ddpg', **QAM_METHOD_FLAGS['FQL'], **QAM_STEPS},
                'chunked FQL with 10 critics and the pessimistic target', 'qam'),
-        # Their agents/rlpd.py run by their main.py with --offline_steps=0 --balanced_sampling: main_online.py here.
+        # Their agents/rlpd.py (on their GELU networks) run by their main.py with --offline_steps=0
+        # --balanced_sampling: main_online.py here.
         Method('RLPD', 'main_online.py',
-               {'agent': 'agents/acrlpd.py', 'agent.bc_mask': 'chunk', 'online_steps': 500_000, 'eval_interval': 50_000,
-                'protocol': 'qam'},
+               {'agent': 'agents/acrlpd.py', **QAM_METHOD_FLAGS['RLPD'], 'online_steps': 500_000,
+                'eval_interval': 50_000, 'protocol': 'qam'},
                'chunked RLPD with 10 critics, the pessimistic target and a BC term (bc_alpha)', 'qam'),
     )
 }  # fmt: skip

@@ -102,6 +102,15 @@ def tiny_qam_config(horizon_length=3, **overrides):
     return _tiny_config(get_config, settings, overrides)
 
 
+def tiny_fedit_config(horizon_length=3, **overrides):
+    """FEdit config with tiny networks, few flow steps and a nonzero edit."""
+    from agents.fedit import get_config
+
+    settings = dict(horizon_length=horizon_length, actor_hidden_dims=(16, 16), value_hidden_dims=(16, 16), num_qs=3,
+                    flow_steps=3, batch_size=16, edit_scale=0.3)  # fmt: skip
+    return _tiny_config(get_config, settings, overrides)
+
+
 def tiny_acfql_config(horizon_length=3, **overrides):
     """ACFQL config with tiny networks so that tests compile and run in seconds on a CPU."""
     from agents.acfql import get_config

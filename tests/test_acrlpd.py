@@ -282,3 +282,48 @@ def test_bc_mask_chunk_leaves_out_chunks_past_an_episode_end(agents, dataset):
     _, masked_info = masked.actor_loss(batch, masked.network.params, rng)
     assert float(info['bc_nll']) == pytest.approx(-log_probs.mean(), rel=1e-5)
     assert float(masked_info['bc_nll']) == pytest.approx(-(log_probs * batch['valid'][:, -1]).mean(), rel=1e-5)
+
+
+def mlp_by_hand(layers, x, activation, norm_after_activation, layer_norm):
+    """A dense stack from its (kernel, bias, ln_scale, ln_bias) layers: the last one linear."""
+
+    def norm(h, scale, bias):
+        mean, var = h.mean(-1, keepdims=True), h.var(-1, keepdims=True)
+        return (h - mean) / np.sqrt(var + 1e-6) * scale + bias
+
+    for i, (kernel, bias, scale, shift) in enumerate(layers):
+        x = x @ kernel + bias
+        if i + 1 < len(layers):
+            if layer_norm and not norm_after_activation:
+                x = norm(x, scale, shift)
+            x = activation(x)
+            if layer_norm and norm_after_activation:
+                x = norm(x, scale, shift)
+    return x
+
+
+@pytest.mark.parametrize('style', ['qc', 'qam'])
+def test_network_style_sets_activation_and_layer_norm_order(dataset, style):
+    # 'qc': the QC reference's RLPD critic, Dense -> LayerNorm -> ReLU; 'qam': the QAM reference's, Dense -> GELU ->
+    # LayerNorm. Checked on the first critic of the ensemble against a forward pass written out here.
+    agent = make_agent(dataset, network_style=style)
+    obs, chunk = np.asarray(dataset['observations'][:4]), np.asarray(dataset['actions'][:4 * H]).reshape(4, -1)
+    critic = jax.tree_util.tree_flatten_with_path(agent.network.params['modules_critic'])[0]
+    leaves = {'/'.join(str(k.key) for k in path): np.asarray(v[0]) for path, v in critic}
+    trunk = 'value_net' if style == 'qam' else 'VmapStateActionValue_0/MLP_0'
+    head = 'value_net/Dense_2' if style == 'qam' else 'VmapStateActionValue_0/Dense_0'
+    layers = [(leaves[f'{trunk}/Dense_{i}/kernel'], leaves[f'{trunk}/Dense_{i}/bias'],
+               leaves[f'{trunk}/LayerNorm_{i}/scale'], leaves[f'{trunk}/LayerNorm_{i}/bias']) for i in range(2)]
+    layers.append((leaves[f'{head}/kernel'], leaves[f'{head}/bias'], None, None))  # fmt: skip
+    if style == 'qam':
+        activation = lambda x: np.asarray(jax.nn.gelu(x))  # noqa: E731
+    else:
+        activation = lambda x: np.maximum(x, 0)  # noqa: E731
+    expected = mlp_by_hand(layers, np.concatenate([obs, chunk], -1), activation, style == 'qam', True)[:, 0]
+    q = np.asarray(agent.network.select('critic')(obs, chunk))[0]
+    np.testing.assert_allclose(q, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_qam_network_style_needs_an_ensemble(dataset):
+    with pytest.raises(ValueError, match='num_qs >= 2'):
+        make_agent(dataset, network_style='qam', num_qs=1)

@@ -12,7 +12,7 @@ from helpers import ROOT, refusal_in_process, run_driver, subprocess_env
 
 import main
 import main_online
-from agents import acfql, acrlpd, qam
+from agents import acfql, acrlpd, agents
 from envs.ogbench_utils import MODEL_CACHE_ENV
 from training import RunConfig, paper_settings
 from training.config import SETTING_GROUPS, agent_key_comments, help_text
@@ -24,9 +24,9 @@ TASK = 'cube-single-play-singletask-task2-v0'
 def test_help_lists_every_run_setting_and_every_agent_key():
     fields = [f.name for f in dataclasses.fields(RunConfig) if f.metadata]
     assert sorted(n for names in SETTING_GROUPS.values() for n in names) == sorted(fields)  # each in one group
-    cases = ((main.PRESET, acfql, 'agents/acfql.py'), (main_online.PRESET, acrlpd, 'agents/acrlpd.py'),
-             (main.PRESET, qam, 'agents/qam.py'))  # fmt: skip
-    for preset, module, path in cases:
+    for name in agents:  # every registered agent, each under the driver it is usually run with
+        module = sys.modules[agents[name].__module__]
+        preset, path = (main_online.PRESET if name == 'acrlpd' else main.PRESET), f'agents/{name}.py'
         text = help_text(preset, path, 'main.py', 'summary')
         shown = [n for n in fields if f'    --{n} ' in text or text.count(f'--{n}\n')]
         offline_only = {n for n in fields if RunConfig.__dataclass_fields__[n].metadata['phase'] == 'offline'}

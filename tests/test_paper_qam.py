@@ -102,8 +102,13 @@ def test_a_qam_protocol_run_says_where_it_differs(capsys):
     assert paper_settings.notes(TASK1, False, config, 'qam') == [
         'note: the QAM paper runs QAM on cube-double with --agent.inv_temp=1.0 (this run: 0.3); training on'
     ]
-    fql = dict(acfql.get_config(), horizon_length=5, alpha=300.0, rho=0.5, num_qs=10)
+    fql = dict(acfql.get_config(), horizon_length=5, alpha=300.0, rho=0.5, num_qs=10, bc_mask='chunk')
     assert paper_settings.notes(TASK1, False, fql, 'qam') == []
+    # Their RLPD's networks and BC weighting are settings of its own, noted like the per-domain ones.
+    rlpd = dict(acrlpd.get_config(), horizon_length=5, rho=0.5, bc_alpha=0.1, bc_mask='chunk')
+    assert paper_settings.notes(TASK1, False, rlpd, 'qam') == [
+        'note: the QAM paper runs RLPD on cube-double with --agent.network_style=qam (this run: qc); training on'
+    ]
     best_of_n = dict(acfql.get_config(), horizon_length=5, actor_type='best-of-n')
     assert 'has no method' in paper_settings.notes(TASK1, False, best_of_n, 'qam')[0]
     # The driver: auto picks the agent's paper; the record names the protocol and the paper's method.
@@ -111,7 +116,7 @@ def test_a_qam_protocol_run_says_where_it_differs(capsys):
     assert run.protocol == 'qam' and run.flag_record['paper_method'] == 'QAM'
     assert capsys.readouterr().out == ''
     run = parse_run(main.PRESET, [f'--env_name={TASK1}', '--protocol=qam', '--agent.alpha=300', '--agent.rho=0.5',
-                                   '--agent.num_qs=10'])
+                                   '--agent.num_qs=10', '--agent.bc_mask=chunk'])
     assert run.protocol == 'qam' and run.flag_record['paper_method'] == 'FQL' and capsys.readouterr().out == ''
     assert parse_run(main.PRESET, [f'--env_name={TASK1}']).flag_record['paper_method'] == 'QC-FQL'
     with pytest.raises(UserError, match='--protocol must be auto, qc or qam, got qa'):
@@ -125,6 +130,8 @@ def test_a_spec_follows_one_protocol():
     assert by['QAM'].flags['agent.inv_temp'] == 1.0 and by['QAM'].flags['online_steps'] == 500_000
     assert by['FQL'].flags['agent.alpha'] == 300.0 and by['FQL'].flags['agent.rho'] == 0.5
     assert by['RLPD'].driver == 'main_online.py' and by['RLPD'].flags['agent.bc_alpha'] == 0.1
+    # Their RLPD's networks (GELU, layer norm after it), matched gradient by gradient in benchmarks/reference_grads.
+    assert by['RLPD'].flags['agent.network_style'] == 'qam' and by['RLPD'].flags['agent.bc_mask'] == 'chunk'
     # The agent file comes first on the command line, before the --agent.* keys read against it.
     argv = spec.group_units([by['QAM']], 1)[0].argv('/tmp/sweep')
     assert argv[2] == '--agent=agents/qam.py' and '--protocol=qam' in argv

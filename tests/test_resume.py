@@ -24,18 +24,22 @@ TINY = [
     '--agent.actor_hidden_dims=(16,16)',
     '--agent.value_hidden_dims=(16,16)',
     '--agent.batch_size=8',
-    '--agent.flow_steps=2',
     '--eval_episodes=1',
     '--fused_steps=3',
 ]
 OFFLINE = ['--offline_steps=40', '--online_steps=0', '--log_interval=5', '--eval_interval=20', '--save_interval=10']
 TIME_COLUMNS = ('time/total', 'episode.duration')  # wall-clock values
+RESUMED = ('acfql', 'qam', 'fedit')  # agents killed and resumed
+# How few sampling steps each agent takes here (every agent resumed here: Euler steps of its flows).
+STEPS = {}
 
 
 def args_for(data_dir, save_dir, exp_name, *extra):
     agent = [a for a in extra if a.startswith('--agent=')]  # the config file comes before its keys
     extra = [a for a in extra if not a.startswith('--agent=')]
-    return [*agent, f'--dataset_dir={data_dir}', f'--save_dir={save_dir}', f'--exp_name={exp_name}', *TINY, *extra]
+    steps = STEPS.get(agent[0].removeprefix('--agent=') if agent else None, ['--agent.flow_steps=2'])
+    return [*agent, f'--dataset_dir={data_dir}', f'--save_dir={save_dir}', f'--exp_name={exp_name}', *TINY, *steps,
+            *extra]  # fmt: skip
 
 
 def run_dir_of(save_dir, exp_name):
@@ -91,7 +95,7 @@ def assert_same_params(a, b):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('agent', ['agents/acfql.py', 'agents/qam.py'], ids=['acfql', 'qam'])
+@pytest.mark.parametrize('agent', [f'agents/{name}.py' for name in RESUMED], ids=RESUMED)
 def test_sigkill_then_resume_reproduces_the_uninterrupted_run(data_dir, tmp_path, agent):
     offline = [*OFFLINE, f'--agent={agent}']
     train_in_process(args_for(data_dir, tmp_path, 'whole', *offline))

@@ -51,6 +51,7 @@ QAM_SETTINGS = {
     ('QAM-E', 'agent.fql_alpha'): (0.0,) * 10,
     ('QAM-E', 'agent.edit_scale'): (0.1, 0.0, 0.0, 0.1, 0.1, 0.1, 0.1, 0.9, 0.1, 0.1),
     ('FQL', 'agent.alpha'): (300.0, 300.0, 300.0, 3.0, 30.0, 30.0, 100.0, 1.0, 3.0, 30.0),
+    ('FEdit', 'agent.edit_scale'): (0.2, 0.2, 0.2, 0.2, 0.5, 0.3, 0.4, 0.8, 0.3, 0.1),
     ('RLPD', 'agent.bc_alpha'): (0.01, 0.3, 0.1, 0.0, 0.03, 0.0, 0.0, 0.0, 0.01, 0.0),  # reproduce_rlpd.py
 }
 
@@ -63,6 +64,14 @@ def paper_domain(env_name, protocol='qc'):
         if name.startswith(domain + '-'):
             return domain
     return None
+
+
+# What the QAM paper's FQL and RLPD set on every domain, where their code differs from QC's (`agents/fql.py` and
+# `agents/rlpd.py` weight BC by the chunk's validity; `agents/rlpd.py` builds GELU networks).
+QAM_METHOD_FLAGS = {
+    'FQL': {'agent.bc_mask': 'chunk'},
+    'RLPD': {'agent.bc_mask': 'chunk', 'agent.network_style': 'qam'},
+}
 
 
 def qam_domain_flags(domain):
@@ -89,6 +98,7 @@ def domain_flags(method, env_name, protocol='qc'):
         settings, domains = PAPER_SETTINGS, DOMAINS
     else:
         flags, settings, domains = qam_domain_flags(domain), QAM_SETTINGS, QAM_DOMAINS
+        flags.update(QAM_METHOD_FLAGS.get(method, {}))
     for (name, flag), values in settings.items():
         if name == method:
             flags[flag] = values[domains.index(domain)]

@@ -1,0 +1,46 @@
+"""The QAM paper's baselines on the run layer: each trains with main.py offline then online on generated cube data
+with two seeds in one process, follows the QAM paper's protocol by default and is named as that paper names it."""
+
+import glob
+import json
+import os
+
+import pytest
+from helpers import parse_run, read_csv
+
+import main
+from agents import agents
+from training import Trainer
+
+ENV_NAME = 'cube-single-play-singletask-task2-v0'
+TINY = ['--agent.actor_hidden_dims=(16,16)', '--agent.value_hidden_dims=(16,16)', '--agent.batch_size=8',
+        '--agent.num_qs=2', '--eval_episodes=1', '--horizon_length=3']  # fmt: skip
+# Each baseline's agent file, the keys that make it that method, the QAM paper's name for it and a loss it logs.
+BASELINES = {
+    'FEdit': ('agents/fedit.py', ['--agent.flow_steps=2', '--agent.edit_scale=0.2'], 'actor/edit_q_loss'),
+}
+
+
+@pytest.mark.parametrize('method', list(BASELINES))
+def test_a_baseline_trains_offline_then_online_with_two_seeds(data_dir, tmp_path, monkeypatch, method):
+    monkeypatch.setenv('WANDB_MODE', 'disabled')
+    agent, keys, loss = BASELINES[method]
+    args = [
+        f'--agent={agent}', f'--env_name={ENV_NAME}', f'--dataset_dir={data_dir}', f'--save_dir={tmp_path}', *TINY,
+        *keys, '--seeds=0,1', '--offline_steps=6', '--online_steps=6', '--start_training=3', '--eval_interval=6',
+        '--log_interval=3',
+    ]  # fmt: skip
+    run = parse_run(main.PRESET, args)
+    assert run.protocol == 'qam' and run.flag_record['paper_method'] == method
+    Trainer(run, agents).train()
+    run_dirs = sorted(glob.glob(os.path.join(tmp_path, 'Debug', '*')))
+    assert len(run_dirs) == 2
+    for run_dir in run_dirs:
+        for name in ('offline_agent.csv', 'online_agent.csv'):
+            rows = read_csv(os.path.join(run_dir, name))
+            assert rows and {'critic/critic_loss', loss} <= set(rows[0]), name
+        assert [int(r['step']) for r in read_csv(os.path.join(run_dir, 'eval.csv'))] == [6, 12]
+        with open(os.path.join(run_dir, 'flags.json')) as f:
+            assert json.load(f)['paper_method'] == method
+    losses = {read_csv(os.path.join(d, 'offline_agent.csv'))[0]['critic/critic_loss'] for d in run_dirs}
+    assert len(losses) == 2  # each seed its own run
