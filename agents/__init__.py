@@ -13,6 +13,7 @@ _CLASSES = dict(
     acrlpd=('agents.acrlpd', 'ACRLPDAgent'),
     qam=('agents.qam', 'QAMAgent'),
     fedit=('agents.fedit', 'FEditAgent'),
+    dcgql=('agents.dcgql', 'DCGQLAgent'),
 )
 
 

@@ -26,6 +26,8 @@ AGENTS = {
     'FQL (QAM paper)': ('acfql', dict(horizon_length=5, num_qs=10, rho=0.5, bc_mask='chunk')),
     # The QAM paper's baselines (their reproduce.py's cube-double values).
     'FEdit': ('fedit', dict(horizon_length=5, edit_scale=0.2)),
+    'QSM': ('dcgql', dict(horizon_length=5, actor_loss_type='qsm', inv_temp=1.0, alpha=10.0, clip_sampler_after=True)),
+    'DAC': ('dcgql', dict(horizon_length=5, actor_loss_type='dac', alpha=3.0, clip_sampler_before=True)),
 }
 
 # Network sizes. `paper` is the paper's setting; `tiny` is what `--quick` uses.

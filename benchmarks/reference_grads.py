@@ -35,6 +35,9 @@ QAM_FQL = dict(actor_type='distill-ddpg', num_qs=10, rho=0.5, bc_mask='chunk')
 # The QAM paper's RLPD is ACRLPD with these keys (rho, num_qs and the BC weight are set on both sides).
 QAM_RLPD = dict(bc_mask='chunk', network_style='qam')
 RLPD_SHARED = dict(num_qs=10, rho=0.5, bc_alpha=0.1)
+# reproduce.py's cube-double values of QSM and DAC, the schedule changed from vp to cosine for DAC.
+QSM = dict(actor_loss_type='qsm', inv_temp=1.0, alpha=10.0, clip_sampler_before=False, clip_sampler_after=True)
+DAC = dict(actor_loss_type='dac', alpha=3.0, clip_sampler_before=True, clip_sampler_after=False, beta_schedule='cosine')
 OTHER_SWITCHES = dict(target_actor=False, use_target_grad=False, clip_adj=False, clip_grad=False, best_of_n=4)
 
 # name: (our agent, their module, keys set on both sides, keys set only on ours)
@@ -54,6 +57,10 @@ CASES = {
     'FQL single-action (ACFQL with rho)': ('acfql', 'agents.fql', dict(action_chunking=False), QAM_FQL),
     'FEdit': ('fedit', 'agents.fedit', dict(action_chunking=True, edit_scale=0.2, best_of_n=4), {}),
     'FEdit single-action': ('fedit', 'agents.fedit', dict(action_chunking=False, edit_scale=0.2), {}),
+    'QSM': ('dcgql', 'agents.dcgql', dict(action_chunking=True, **QSM), {}),
+    'QSM single-action': ('dcgql', 'agents.dcgql', dict(action_chunking=False, **QSM), {}),
+    'DAC': ('dcgql', 'agents.dcgql', dict(action_chunking=True, **DAC), {}),
+    'DAC single-action': ('dcgql', 'agents.dcgql', dict(action_chunking=False, **DAC), {}),
     'RLPD (ACRLPD with rho)': ('acrlpd', 'agents.rlpd', dict(action_chunking=True, **RLPD_SHARED), QAM_RLPD),
     'RLPD single-action (ACRLPD with rho)': (
         'acrlpd', 'agents.rlpd', dict(action_chunking=False, **RLPD_SHARED), QAM_RLPD,
@@ -102,10 +109,23 @@ def rlpd_info_names(ours, agent):
     return ours
 
 
+def dcgql_power_mask(ours, agent):
+    """Their QSM/DAC losses raise each chunk's term to the power `valid` where they mean to multiply by it: a chunk
+    past an episode end adds 1 (x ** 0), not 0, to the DDPM and the guidance terms (the same gradients). Adds that
+    constant, the fraction of such chunks in the probe's batch, to the losses here."""
+    extra = float(np.mean(1 - probe.make_batch(1)['valid'][:, -1]))
+    for key in ('actor/info/actor_loss', 'total/info/actor/actor_loss', 'update/info/actor/actor_loss'):
+        ours[key] = ours[key] + extra
+    for key in ('actor/loss', 'total/loss'):
+        ours[key] = ours[key] + (agent.config['alpha'] + 1) * extra
+    return ours
+
+
 # Where an agent splits or writes its losses unlike the reference: (losses for `probe`, `f(ours, agent)` translating
 # its arrays to the reference's).
 ADAPTERS = {
     'acrlpd': ({'actor': rlpd_actor_loss}, rlpd_info_names),
+    'dcgql': (None, dcgql_power_mask),
 }
 
 

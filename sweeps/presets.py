@@ -72,6 +72,11 @@ QAM_METHODS = {
                'QAM plus a TanhNormal edit of its actions maximising Q (edit_scale)', 'qam'),
         Method('FEdit', 'main.py', {'agent': 'agents/fedit.py', **QAM_STEPS},
                'BC flow chunks refined by an edit policy that maximises Q (EXPO)', 'qam'),
+        Method('QSM', 'main.py', {'agent': 'agents/dcgql.py', **QAM_METHOD_FLAGS['QSM'], **QAM_STEPS},
+               "a diffusion policy whose noise prediction matches the critic's action gradient (Q-score matching)",
+               'qam'),
+        Method('DAC', 'main.py', {'agent': 'agents/dcgql.py', **QAM_METHOD_FLAGS['DAC'], **QAM_STEPS},
+               "a diffusion policy pushed along the critic's action gradient (diffusion actor-critic)", 'qam'),
         # Their agents/fql.py: this project's ACFQL with their 10-critic pessimistic target and BC mask.
         Method('FQL', 'main.py', {'agent.actor_type': 'distill-ddpg', **QAM_METHOD_FLAGS['FQL'], **QAM_STEPS},
                'chunked FQL with 10 critics and the pessimistic target', 'qam'),

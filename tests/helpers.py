@@ -111,6 +111,15 @@ def tiny_fedit_config(horizon_length=3, **overrides):
     return _tiny_config(get_config, settings, overrides)
 
 
+def tiny_dcgql_config(horizon_length=3, **overrides):
+    """QSM/DAC config with tiny networks and few diffusion steps."""
+    from agents.dcgql import get_config
+
+    settings = dict(horizon_length=horizon_length, actor_hidden_dims=(16, 16), value_hidden_dims=(16, 16), num_qs=3,
+                    diffusion_steps=4, time_dim=8, batch_size=16, alpha=2.0, inv_temp=1.5)  # fmt: skip
+    return _tiny_config(get_config, settings, overrides)
+
+
 def tiny_acfql_config(horizon_length=3, **overrides):
     """ACFQL config with tiny networks so that tests compile and run in seconds on a CPU."""
     from agents.acfql import get_config

@@ -51,6 +51,9 @@ QAM_SETTINGS = {
     ('QAM-E', 'agent.fql_alpha'): (0.0,) * 10,
     ('QAM-E', 'agent.edit_scale'): (0.1, 0.0, 0.0, 0.1, 0.1, 0.1, 0.1, 0.9, 0.1, 0.1),
     ('FQL', 'agent.alpha'): (300.0, 300.0, 300.0, 3.0, 30.0, 30.0, 100.0, 1.0, 3.0, 30.0),
+    ('QSM', 'agent.inv_temp'): (10.0, 3.0, 1.0, 10.0, 10.0, 10.0, 1.0, 10.0, 10.0, 10.0),
+    ('QSM', 'agent.alpha'): (30.0, 30.0, 10.0, 10.0, 30.0, 10.0, 10.0, 1.0, 10.0, 30.0),
+    ('DAC', 'agent.alpha'): (1.0, 1.0, 3.0, 0.3, 1.0, 0.3, 1.0, 1.0, 0.3, 0.3),
     ('FEdit', 'agent.edit_scale'): (0.2, 0.2, 0.2, 0.2, 0.5, 0.3, 0.4, 0.8, 0.3, 0.1),
     ('RLPD', 'agent.bc_alpha'): (0.01, 0.3, 0.1, 0.0, 0.03, 0.0, 0.0, 0.0, 0.01, 0.0),  # reproduce_rlpd.py
 }
@@ -66,11 +69,15 @@ def paper_domain(env_name, protocol='qc'):
     return None
 
 
-# What the QAM paper's FQL and RLPD set on every domain, where their code differs from QC's (`agents/fql.py` and
-# `agents/rlpd.py` weight BC by the chunk's validity; `agents/rlpd.py` builds GELU networks).
+# What the QAM paper's methods set on every domain beyond their per-domain values: FQL and RLPD where their code
+# differs from QC's (`agents/fql.py` and `agents/rlpd.py` weight BC by the chunk's validity; `agents/rlpd.py` builds
+# GELU networks), and the constants of reproduce.py's entries.
 QAM_METHOD_FLAGS = {
     'FQL': {'agent.bc_mask': 'chunk'},
     'RLPD': {'agent.bc_mask': 'chunk', 'agent.network_style': 'qam'},
+    # reproduce.py's per-method constants: QSM clips its chain after each step, DAC before (its posterior mean).
+    'QSM': {'agent.actor_loss_type': 'qsm', 'agent.clip_sampler_before': False, 'agent.clip_sampler_after': True},
+    'DAC': {'agent.actor_loss_type': 'dac', 'agent.clip_sampler_before': True, 'agent.clip_sampler_after': False},
 }
 
 
