@@ -14,6 +14,7 @@ _CLASSES = dict(
     qam=('agents.qam', 'QAMAgent'),
     fedit=('agents.fedit', 'FEditAgent'),
     dcgql=('agents.dcgql', 'DCGQLAgent'),
+    rebrac=('agents.rebrac', 'ReBRACAgent'),
 )
 
 

@@ -27,6 +27,7 @@ AGENTS = {
     # The QAM paper's baselines (their reproduce.py's cube-double values).
     'FEdit': ('fedit', dict(horizon_length=5, edit_scale=0.2)),
     'QSM': ('dcgql', dict(horizon_length=5, actor_loss_type='qsm', inv_temp=1.0, alpha=10.0, clip_sampler_after=True)),
+    'ReBRAC': ('rebrac', dict(horizon_length=5, alpha_actor=0.01, actor_noise=0.0)),
     'DAC': ('dcgql', dict(horizon_length=5, actor_loss_type='dac', alpha=3.0, clip_sampler_before=True)),
 }
 

@@ -60,6 +60,12 @@ PRESETS = {
         '--agent.action_chunking=True', '--agent.inv_temp=3.0',
         '--agent.actor_hidden_dims=(128,128)', '--agent.value_hidden_dims=(128,128)', '--agent.batch_size=128',
     ]),
+    # FEdit (their agents/fedit.py) on task1 with reproduce.py's cube-double edit_scale.
+    'fedit': ('main.py', [
+        '--env_name=cube-single-play-singletask-task1-v0', '--agent=agents/fedit.py', '--horizon_length=5',
+        '--agent.action_chunking=True', '--agent.edit_scale=0.2',
+        '--agent.actor_hidden_dims=(128,128)', '--agent.value_hidden_dims=(128,128)', '--agent.batch_size=128',
+    ]),
 }  # fmt: skip
 
 # Stub modules the reference imports; see the module docstring.
@@ -98,7 +104,8 @@ def eval_csv(work_dir, code, seed, name='eval.csv'):
 
 
 # Training metrics both codes log under the same names, compared at each phase's last logged step.
-LOSS_KEYS = ('critic/critic_loss', 'critic/q_mean', 'actor/flow_loss', 'actor/adj_loss', 'actor/bc_flow_loss')
+LOSS_KEYS = ('critic/critic_loss', 'critic/q_mean', 'actor/flow_loss', 'actor/adj_loss', 'actor/bc_flow_loss',
+             'actor/edit_q_loss', 'actor/edit_entropy')
 
 
 def loss_rows(work_dir, seeds, seed=0):

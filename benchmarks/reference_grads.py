@@ -61,6 +61,8 @@ CASES = {
     'QSM single-action': ('dcgql', 'agents.dcgql', dict(action_chunking=False, **QSM), {}),
     'DAC': ('dcgql', 'agents.dcgql', dict(action_chunking=True, **DAC), {}),
     'DAC single-action': ('dcgql', 'agents.dcgql', dict(action_chunking=False, **DAC), {}),
+    'ReBRAC': ('rebrac', 'agents.rebrac', dict(action_chunking=True, alpha_actor=0.01, actor_noise=0.2), {}),
+    'ReBRAC single-action': ('rebrac', 'agents.rebrac', dict(action_chunking=False, alpha_actor=0.1), {}),
     'RLPD (ACRLPD with rho)': ('acrlpd', 'agents.rlpd', dict(action_chunking=True, **RLPD_SHARED), QAM_RLPD),
     'RLPD single-action (ACRLPD with rho)': (
         'acrlpd', 'agents.rlpd', dict(action_chunking=False, **RLPD_SHARED), QAM_RLPD,
@@ -121,11 +123,20 @@ def dcgql_power_mask(ours, agent):
     return ours
 
 
+def rebrac_action_std(ours, agent):
+    """Their ReBRAC logs its actor's std, a constant 1 (a Gaussian with a constant std of which only the mode is
+    used); ReBRAC here has no std to log."""
+    for prefix in ('actor/info/', 'total/info/actor/', 'update/info/actor/'):
+        ours[f'{prefix}action_std'] = np.float32(1.0)
+    return ours
+
+
 # Where an agent splits or writes its losses unlike the reference: (losses for `probe`, `f(ours, agent)` translating
 # its arrays to the reference's).
 ADAPTERS = {
     'acrlpd': ({'actor': rlpd_actor_loss}, rlpd_info_names),
     'dcgql': (None, dcgql_power_mask),
+    'rebrac': (None, rebrac_action_std),
 }
 
 

@@ -97,10 +97,12 @@ class Draws:
             raise ValueError(f'the code used {self.count} of the {len(self.draws)} recorded draws')
 
 
-def probe(agent, adjoint=None, replay=None, losses=None):
+def probe(agent, adjoint=None, replay=None, losses=None, driver=None):
     """Everything compared and the parameters (`params/`), as {name: numpy array}; `adjoint(agent, observations,
     key)` gives (xs, adjs, ts, info); `losses` maps 'total', 'critic' or 'actor' to a `(agent, batch, params, key)
-    -> (loss, info)` where one code splits a loss differently (default: the agent's `<name>_loss` method).
+    -> (loss, info)` where one code splits a loss differently (default: the agent's `<name>_loss` method);
+    `driver` = (update(agent, batch), batch_update(agent, batches)) where a code's driver calls them differently
+    (default: the agent's `update` and `batch_update`).
 
     `replay`: None to use the keys (both codes split them alike), {} to record the draws (they come back under
     `draws/<computation>/<i>`), or such a record to replay it.
@@ -140,11 +142,12 @@ def probe(agent, adjoint=None, replay=None, losses=None):
         xs, adjs, ts, info = run('adjoint', lambda: adjoint(agent, observations, keys['adjoint']))
         out.update({'adjoint/xs': np.asarray(xs), 'adjoint/adjs': np.asarray(adjs), 'adjoint/ts': np.asarray(ts)})
         out.update(flatten(info, 'adjoint/info/'))
-    new_agent, info = run('update', lambda: agent.update(batch))
+    update, batch_update = driver or (lambda a, b: a.update(b), lambda a, b: a.batch_update(b))
+    new_agent, info = run('update', lambda: update(agent, batch))
     out.update(flatten(new_agent.network.params, 'update/params/'))
     out.update(flatten(info, 'update/info/'))
     if replay is None:  # a scan traces its body once: no per-step replay
-        new_agent, _ = agent.batch_update(batches)
+        new_agent, _ = batch_update(agent, batches)
         out.update(flatten(new_agent.network.params, 'batch_update/params/'))
     out['actions'] = np.asarray(run('actions', lambda: agent.sample_actions(observations, rng=keys['actions'])))
     return out
@@ -153,6 +156,26 @@ def probe(agent, adjoint=None, replay=None, losses=None):
 def example_inputs():
     """The example observation and action `create` gets."""
     return np.zeros(OBS_DIM, np.float32), np.zeros(ACTION_DIM, np.float32)
+
+
+def reference_calls(config):
+    """`probe`'s `losses` and `driver` for the reference's agent where its calls differ from the others': for
+    ReBRAC (by name, as their `main.py` does) `total_loss` takes the key by name after a `full_update` switch, and
+    the driver runs `update(batch, full_update=i % actor_freq == 0)` at offline step i = 1, 2, ..."""
+    if config['agent_name'] != 'rebrac':
+        return {}
+    freq = config['actor_freq']
+
+    def batch_update(agent, batches):
+        for i in range(1, UPDATES + 1):
+            batch = {k: v[i - 1] for k, v in batches.items()}
+            agent, info = agent.update(batch, full_update=i % freq == 0)
+        return agent, info
+
+    return dict(
+        losses={'total': lambda agent, batch, params, key: agent.total_loss(batch, params, rng=key)},
+        driver=(lambda agent, batch: agent.update(batch, full_update=1 % freq == 0), batch_update),
+    )
 
 
 def reference_main():
@@ -172,7 +195,7 @@ def reference_main():
     cls = next(v for k, v in vars(module).items() if k.endswith('Agent') and k != 'Agent')
     agent = cls.create(SEED, *example_inputs(), config)
     adjoint = (lambda a, obs, key: a.adj_matching(obs, key)) if hasattr(agent, 'adj_matching') else None
-    out = probe(agent, adjoint, replay={} if args.record else None)
+    out = probe(agent, adjoint, replay={} if args.record else None, **reference_calls(config))
     np.savez(args.out, **out)
 
 

@@ -77,6 +77,8 @@ QAM_METHODS = {
                'qam'),
         Method('DAC', 'main.py', {'agent': 'agents/dcgql.py', **QAM_METHOD_FLAGS['DAC'], **QAM_STEPS},
                "a diffusion policy pushed along the critic's action gradient (diffusion actor-critic)", 'qam'),
+        Method('ReBRAC', 'main.py', {'agent': 'agents/rebrac.py', **QAM_STEPS},
+               'TD3+BC with layer norm and separate actor and critic penalties', 'qam'),
         # Their agents/fql.py: this project's ACFQL with their 10-critic pessimistic target and BC mask.
         Method('FQL', 'main.py', {'agent.actor_type': 'distill-ddpg', **QAM_METHOD_FLAGS['FQL'], **QAM_STEPS},
                'chunked FQL with 10 critics and the pessimistic target', 'qam'),

@@ -120,6 +120,15 @@ def tiny_dcgql_config(horizon_length=3, **overrides):
     return _tiny_config(get_config, settings, overrides)
 
 
+def tiny_rebrac_config(horizon_length=3, **overrides):
+    """ReBRAC config with tiny networks and a BC term."""
+    from agents.rebrac import get_config
+
+    settings = dict(horizon_length=horizon_length, actor_hidden_dims=(16, 16), value_hidden_dims=(16, 16), num_qs=3,
+                    batch_size=16, alpha_actor=0.1)  # fmt: skip
+    return _tiny_config(get_config, settings, overrides)
+
+
 def tiny_acfql_config(horizon_length=3, **overrides):
     """ACFQL config with tiny networks so that tests compile and run in seconds on a CPU."""
     from agents.acfql import get_config

@@ -172,13 +172,18 @@ def sum_losses(**parts):
     return total, info
 
 
-def gradient_step(agent, batch, targets=('critic',)):
+def gradient_step(agent, batch, targets=('critic',), target_period=1):
     """One optimizer step of `agent.total_loss` on `batch` with the next key of `agent.rng`, then a soft update (rate
-    `config['tau']`) of each `target_<name>` of `targets` toward the pre-step `<name>`. Returns (agent, info)."""
+    `config['tau']`) of each `target_<name>` of `targets` toward the pre-step `<name>`; with `target_period` > 1
+    only on every `target_period`-th update (the network's step count: the 2nd, 4th, ... for 2). Returns
+    (agent, info)."""
     new_rng, rng = jax.random.split(agent.rng)
     network, info = agent.network.apply_loss_fn(lambda grad_params: agent.total_loss(batch, grad_params, rng=rng))
+    moves = agent.network.step % target_period == 0  # `step` counts updates from 1
     for name in targets:
         params = target_update(network, name, agent.config['tau'], source_params=agent.network.params)
+        if target_period > 1:
+            params = jax.tree_util.tree_map(lambda new, old: jnp.where(moves, new, old), params, network.params)
         network = network.replace(params=params)
     return agent.replace(network=network, rng=new_rng), info
 

@@ -114,6 +114,23 @@ class ActorVectorField(nn.Module):
         return self.mlp(jnp.concatenate(inputs, axis=-1))
 
 
+class DeterministicActor(nn.Module):
+    """a(s) = tanh(Dense(MLP(s))), the last layer initialised at `final_fc_init_scale` (the reference's `Actor` with
+    a constant std, whose mode is all its agents read)."""
+
+    hidden_dims: Sequence[int]
+    action_dim: int
+    layer_norm: bool = False
+    final_fc_init_scale: float = 1e-2
+
+    def setup(self):
+        self.actor_net = MLP(self.hidden_dims, activate_final=True, layer_norm=self.layer_norm)
+        self.mean_net = nn.Dense(self.action_dim, kernel_init=default_init(self.final_fc_init_scale))
+
+    def __call__(self, observations):
+        return jnp.tanh(self.mean_net(self.actor_net(observations)))
+
+
 def aggregate_q(qs, q_agg, rho=0.0):
     """Aggregates a critic ensemble's outputs (num_qs, ...) by 'mean' or 'min' over the ensemble axis, minus `rho`
     times the ensemble's standard deviation (the QAM paper's pessimistic target `mean - rho * std`; 0 leaves the
