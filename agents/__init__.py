@@ -15,6 +15,7 @@ _CLASSES = dict(
     fedit=('agents.fedit', 'FEditAgent'),
     dcgql=('agents.dcgql', 'DCGQLAgent'),
     rebrac=('agents.rebrac', 'ReBRACAgent'),
+    dsrl=('agents.dsrl', 'DSRLAgent'),
 )
 
 

@@ -15,7 +15,7 @@ from utils import networks as qam_networks
 from utils.config_rules import boolean, fraction, non_negative, number, one_of, optional, positive, widths
 from utils.flax_utils import adam, gradient_step, init_network, nonpytree_field, scan_updates, sum_losses
 from utils.flows import chunk_actions, example_chunks
-from utils.networks import Temperature, aggregate_q
+from utils.networks import Temperature, aggregate_q, temperature_loss
 
 # Dataset chunks are pulled this far inside (-1, 1) before the BC log-prob, where atanh is finite.
 BC_ACTION_CLIP = 1e-5
@@ -89,9 +89,8 @@ class ACRLPDAgent(flax.struct.PyTreeNode):
         """alpha * (H[pi] - target_entropy): raises alpha while the policy entropy is below the target. Called with
         the actor loss's key, it sees the actor loss's sample, without its gradient (the reference reuses it)."""
         _, log_probs = self.network.select('actor')(batch['observations']).sample_and_log_prob(seed=rng)  # (B,)
-        entropy = -log_probs.mean()
         alpha = self.network.select('temp')(params=grad_params)
-        loss = alpha * (entropy - self.config['target_entropy'])
+        loss, entropy = temperature_loss(alpha, log_probs, self.config['target_entropy'])
         return loss, {'alpha_loss': loss, 'alpha': alpha, 'entropy': entropy}
 
     def total_loss(self, batch, grad_params, rng):

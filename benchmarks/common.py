@@ -28,6 +28,7 @@ AGENTS = {
     'FEdit': ('fedit', dict(horizon_length=5, edit_scale=0.2)),
     'QSM': ('dcgql', dict(horizon_length=5, actor_loss_type='qsm', inv_temp=1.0, alpha=10.0, clip_sampler_after=True)),
     'ReBRAC': ('rebrac', dict(horizon_length=5, alpha_actor=0.01, actor_noise=0.0)),
+    'DSRL': ('dsrl', dict(horizon_length=5, noise_scale=1.0)),
     'DAC': ('dcgql', dict(horizon_length=5, actor_loss_type='dac', alpha=3.0, clip_sampler_before=True)),
 }
 

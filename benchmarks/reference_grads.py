@@ -63,6 +63,8 @@ CASES = {
     'DAC single-action': ('dcgql', 'agents.dcgql', dict(action_chunking=False, **DAC), {}),
     'ReBRAC': ('rebrac', 'agents.rebrac', dict(action_chunking=True, alpha_actor=0.01, actor_noise=0.2), {}),
     'ReBRAC single-action': ('rebrac', 'agents.rebrac', dict(action_chunking=False, alpha_actor=0.1), {}),
+    'DSRL': ('dsrl', 'agents.dsrl', dict(action_chunking=True, noise_scale=1.4, best_of_n=4), {}),
+    'DSRL single-action': ('dsrl', 'agents.dsrl', dict(action_chunking=False, noise_scale=0.8), {}),
     'RLPD (ACRLPD with rho)': ('acrlpd', 'agents.rlpd', dict(action_chunking=True, **RLPD_SHARED), QAM_RLPD),
     'RLPD single-action (ACRLPD with rho)': (
         'acrlpd', 'agents.rlpd', dict(action_chunking=False, **RLPD_SHARED), QAM_RLPD,
@@ -77,6 +79,7 @@ MODULE_NAMES = {
     'qam': {'modules_edit_alpha/log_value': 'modules_edit_alpha/log_temp'},
     'acrlpd': {'modules_alpha/log_value': 'modules_temp/log_temp'},
     'fedit': {'modules_alpha/log_value': 'modules_edit_alpha/log_temp'},  # the edit policy's, as QAM-E's
+    'dsrl': {'modules_alpha/log_value': 'modules_temp/log_temp'},
 }
 
 

@@ -79,6 +79,8 @@ QAM_METHODS = {
                "a diffusion policy pushed along the critic's action gradient (diffusion actor-critic)", 'qam'),
         Method('ReBRAC', 'main.py', {'agent': 'agents/rebrac.py', **QAM_STEPS},
                'TD3+BC with layer norm and separate actor and critic penalties', 'qam'),
+        Method('DSRL', 'main.py', {'agent': 'agents/dsrl.py', **QAM_STEPS},
+               "SAC in a BC flow's noise space, on a critic distilled into that space", 'qam'),
         # Their agents/fql.py: this project's ACFQL with their 10-critic pessimistic target and BC mask.
         Method('FQL', 'main.py', {'agent.actor_type': 'distill-ddpg', **QAM_METHOD_FLAGS['FQL'], **QAM_STEPS},
                'chunked FQL with 10 critics and the pessimistic target', 'qam'),

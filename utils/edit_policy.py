@@ -5,11 +5,10 @@ maximise the mean critic, under SAC's entropy term with a tuned weight. The agen
 
 import functools
 
-import jax
 import jax.numpy as jnp
 
 from rlpd_distributions import TanhNormal
-from utils.networks import MLP, Temperature
+from utils.networks import MLP, Temperature, temperature_loss
 
 
 def edit_networks(config, ex_observations, full_actions):
@@ -49,8 +48,7 @@ def edit_loss(agent, observations, base_actions, grad_params, rng):
     q_loss = -agent.network.select('critic')(observations, edited).mean(axis=0).mean()
     entropy_loss = (log_probs * agent.network.select('edit_alpha')()).mean()
     alpha = agent.network.select('edit_alpha')(params=grad_params)
-    entropy = -jax.lax.stop_gradient(log_probs).mean()
-    alpha_loss = alpha * (entropy - agent.config['edit_target_entropy'])
+    alpha_loss, entropy = temperature_loss(alpha, log_probs, agent.config['edit_target_entropy'])
     info = {
         'edit_q_loss': q_loss,
         'edit_entropy_loss': entropy_loss,

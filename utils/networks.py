@@ -4,6 +4,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 
 
@@ -149,6 +150,13 @@ class Temperature(nn.Module):
     def __call__(self):
         log_temp = self.param('log_temp', lambda _: jnp.full((), jnp.log(self.init_temp), dtype=jnp.float32))
         return jnp.exp(log_temp)
+
+
+def temperature_loss(alpha, log_probs, target_entropy):
+    """SAC's entropy-weight loss alpha * (H - target), H = -mean log pi(a|s) taken without a gradient into the
+    policy: it raises alpha while the entropy is below its target. Returns (loss, H)."""
+    entropy = -jax.lax.stop_gradient(log_probs).mean()
+    return alpha * (entropy - target_entropy), entropy
 
 
 def batched_examples(ex_observations, ex_actions):
