@@ -16,6 +16,7 @@ _CLASSES = dict(
     dcgql=('agents.dcgql', 'DCGQLAgent'),
     rebrac=('agents.rebrac', 'ReBRACAgent'),
     dsrl=('agents.dsrl', 'DSRLAgent'),
+    cgql=('agents.cgql', 'CGQLAgent'),
 )
 
 

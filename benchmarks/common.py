@@ -29,6 +29,8 @@ AGENTS = {
     'QSM': ('dcgql', dict(horizon_length=5, actor_loss_type='qsm', inv_temp=1.0, alpha=10.0, clip_sampler_after=True)),
     'ReBRAC': ('rebrac', dict(horizon_length=5, alpha_actor=0.01, actor_noise=0.0)),
     'DSRL': ('dsrl', dict(horizon_length=5, noise_scale=1.0)),
+    'CGQL': ('cgql', dict(horizon_length=5, mode='simple', inv_temp=10.0, guidance_coef=0.01)),
+    'CGQL-L': ('cgql', dict(horizon_length=5, mode='linex', inv_temp=10.0, guidance_coef=0.01, noisy_coef=0.001)),
     'DAC': ('dcgql', dict(horizon_length=5, actor_loss_type='dac', alpha=3.0, clip_sampler_before=True)),
 }
 

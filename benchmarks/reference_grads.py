@@ -38,6 +38,8 @@ RLPD_SHARED = dict(num_qs=10, rho=0.5, bc_alpha=0.1)
 # reproduce.py's cube-double values of QSM and DAC, the schedule changed from vp to cosine for DAC.
 QSM = dict(actor_loss_type='qsm', inv_temp=1.0, alpha=10.0, clip_sampler_before=False, clip_sampler_after=True)
 DAC = dict(actor_loss_type='dac', alpha=3.0, clip_sampler_before=True, clip_sampler_after=False, beta_schedule='cosine')
+# reproduce.py's CGQL values (inv_temp 10, guidance 0.1) with best-of-4; the noisy critic's weight raised to 0.1.
+CGQL = dict(inv_temp=10.0, guidance_coef=0.1, best_of_n=4)
 OTHER_SWITCHES = dict(target_actor=False, use_target_grad=False, clip_adj=False, clip_grad=False, best_of_n=4)
 
 # name: (our agent, their module, keys set on both sides, keys set only on ours)
@@ -65,6 +67,13 @@ CASES = {
     'ReBRAC single-action': ('rebrac', 'agents.rebrac', dict(action_chunking=False, alpha_actor=0.1), {}),
     'DSRL': ('dsrl', 'agents.dsrl', dict(action_chunking=True, noise_scale=1.4, best_of_n=4), {}),
     'DSRL single-action': ('dsrl', 'agents.dsrl', dict(action_chunking=False, noise_scale=0.8), {}),
+    'CGQL': ('cgql', 'agents.cgql', dict(action_chunking=True, mode='simple', **CGQL), {}),
+    'CGQL single-action': ('cgql', 'agents.cgql', dict(action_chunking=False, mode='simple', **CGQL), {}),
+    'CGQL-M': ('cgql', 'agents.cgql', dict(action_chunking=True, mode='mse', noisy_coef=0.1, **CGQL), {}),
+    'CGQL-L': ('cgql', 'agents.cgql', dict(action_chunking=True, mode='linex', noisy_coef=0.1, **CGQL), {}),
+    'CGQL-L clipped': (
+        'cgql', 'agents.cgql', dict(action_chunking=True, mode='linex', noisy_coef=0.1, isd_clip=1e-3, **CGQL), {},
+    ),  # fmt: skip
     'RLPD (ACRLPD with rho)': ('acrlpd', 'agents.rlpd', dict(action_chunking=True, **RLPD_SHARED), QAM_RLPD),
     'RLPD single-action (ACRLPD with rho)': (
         'acrlpd', 'agents.rlpd', dict(action_chunking=False, **RLPD_SHARED), QAM_RLPD,
@@ -80,6 +89,8 @@ MODULE_NAMES = {
     'acrlpd': {'modules_alpha/log_value': 'modules_temp/log_temp'},
     'fedit': {'modules_alpha/log_value': 'modules_edit_alpha/log_temp'},  # the edit policy's, as QAM-E's
     'dsrl': {'modules_alpha/log_value': 'modules_temp/log_temp'},
+    # Their time-conditioned critic is a vector field with one output; here a `Value` with a time input.
+    'cgql': {f'modules_{c}/mlp/': f'modules_{c}/value_net/' for c in ('critic', 'target_critic')},
 }
 
 

@@ -81,6 +81,12 @@ QAM_METHODS = {
                'TD3+BC with layer norm and separate actor and critic penalties', 'qam'),
         Method('DSRL', 'main.py', {'agent': 'agents/dsrl.py', **QAM_STEPS},
                "SAC in a BC flow's noise space, on a critic distilled into that space", 'qam'),
+        Method('CGQL', 'main.py', {'agent': 'agents/cgql.py', **QAM_METHOD_FLAGS['CGQL'], **QAM_STEPS},
+               "a BC flow guided by the critic's action gradient at t = 1 (classifier guidance)", 'qam'),
+        Method('CGQL-M', 'main.py', {'agent': 'agents/cgql.py', **QAM_METHOD_FLAGS['CGQL-M'], **QAM_STEPS},
+               'CGQL with a time-conditioned critic distilled by squared error', 'qam'),
+        Method('CGQL-L', 'main.py', {'agent': 'agents/cgql.py', **QAM_METHOD_FLAGS['CGQL-L'], **QAM_STEPS},
+               'CGQL with a time-conditioned critic distilled by the linex loss', 'qam'),
         # Their agents/fql.py: this project's ACFQL with their 10-critic pessimistic target and BC mask.
         Method('FQL', 'main.py', {'agent.actor_type': 'distill-ddpg', **QAM_METHOD_FLAGS['FQL'], **QAM_STEPS},
                'chunked FQL with 10 critics and the pessimistic target', 'qam'),

@@ -138,6 +138,15 @@ def tiny_dsrl_config(horizon_length=3, **overrides):
     return _tiny_config(get_config, settings, overrides)
 
 
+def tiny_cgql_config(horizon_length=3, **overrides):
+    """CGQL config with tiny networks, few flow steps and strong guidance."""
+    from agents.cgql import get_config
+
+    settings = dict(horizon_length=horizon_length, actor_hidden_dims=(16, 16), value_hidden_dims=(16, 16), num_qs=3,
+                    flow_steps=3, batch_size=16, inv_temp=10.0, guidance_coef=0.1, noisy_coef=0.1)  # fmt: skip
+    return _tiny_config(get_config, settings, overrides)
+
+
 def tiny_acfql_config(horizon_length=3, **overrides):
     """ACFQL config with tiny networks so that tests compile and run in seconds on a CPU."""
     from agents.acfql import get_config

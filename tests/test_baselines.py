@@ -20,6 +20,8 @@ BASELINES = {
     'FEdit': ('agents/fedit.py', ['--agent.flow_steps=2', '--agent.edit_scale=0.2'], 'actor/edit_q_loss'),
     'ReBRAC': ('agents/rebrac.py', ['--agent.alpha_actor=0.01'], 'actor/bc_loss'),
     'DSRL': ('agents/dsrl.py', ['--agent.flow_steps=2', '--agent.noise_scale=1.0'], 'critic/distill_loss'),
+    'CGQL-L': ('agents/cgql.py', ['--agent.flow_steps=2', '--agent.mode=linex', '--agent.inv_temp=10'],
+               'critic/noisy_critic_loss'),
     'QSM': ('agents/dcgql.py', ['--agent.diffusion_steps=2', '--agent.alpha=10'], 'actor/bc_loss'),
     'DAC': ('agents/dcgql.py', ['--agent.diffusion_steps=2', '--agent.actor_loss_type=dac', '--agent.alpha=3',
                                 '--agent.clip_sampler_before=True'], 'actor/bc_loss'),

@@ -57,6 +57,11 @@ QAM_SETTINGS = {
     ('ReBRAC', 'agent.alpha_actor'): (0.1, 0.03, 0.01, 0.01, 0.01, 0.01, 0.01, 0.01, 0.01, 0.01),
     ('ReBRAC', 'agent.actor_noise'): (0.0, 0.0, 0.0, 0.0, 0.0, 0.2, 0.2, 0.2, 0.0, 0.1),
     ('DSRL', 'agent.noise_scale'): (1.0, 0.4, 1.0, 0.8, 0.6, 1.4, 1.4, 1.0, 1.2, 0.8),
+    ('CGQL', 'agent.guidance_coef'): (0.1, 0.1, 0.01, 0.1, 0.01, 0.1, 0.1, 0.1, 0.1, 0.01),
+    ('CGQL-M', 'agent.guidance_coef'): (0.1, 0.1, 0.01, 0.1, 0.1, 0.1, 0.01, 1.0, 0.1, 0.1),
+    ('CGQL-M', 'agent.noisy_coef'): (0.1, 0.1, 0.001, 0.1, 0.1, 0.001, 0.1, 0.001, 0.001, 0.1),
+    ('CGQL-L', 'agent.guidance_coef'): (0.1, 0.1, 0.01, 0.1, 0.1, 0.1, 0.01, 1.0, 0.1, 0.1),
+    ('CGQL-L', 'agent.noisy_coef'): (0.001, 0.1, 0.001, 0.001, 0.1, 0.001, 0.1, 0.001, 0.001, 0.1),
     ('FEdit', 'agent.edit_scale'): (0.2, 0.2, 0.2, 0.2, 0.5, 0.3, 0.4, 0.8, 0.3, 0.1),
     ('RLPD', 'agent.bc_alpha'): (0.01, 0.3, 0.1, 0.0, 0.03, 0.0, 0.0, 0.0, 0.01, 0.0),  # reproduce_rlpd.py
 }
@@ -81,6 +86,9 @@ QAM_METHOD_FLAGS = {
     # reproduce.py's per-method constants: QSM clips its chain after each step, DAC before (its posterior mean).
     'QSM': {'agent.actor_loss_type': 'qsm', 'agent.clip_sampler_before': False, 'agent.clip_sampler_after': True},
     'DAC': {'agent.actor_loss_type': 'dac', 'agent.clip_sampler_before': True, 'agent.clip_sampler_after': False},
+    'CGQL': {'agent.mode': 'simple', 'agent.inv_temp': 10.0},
+    'CGQL-M': {'agent.mode': 'mse', 'agent.inv_temp': 10.0},
+    'CGQL-L': {'agent.mode': 'linex', 'agent.inv_temp': 10.0},
 }
 
 

@@ -66,7 +66,8 @@ class FourierFeatures(nn.Module):
 
 
 class Value(nn.Module):
-    """Critic ensemble: `num_ensembles` MLPs on concat(encoded observations, actions), output (num_ensembles, ...)."""
+    """Critic ensemble: `num_ensembles` MLPs on concat(encoded observations, actions[, times]), output
+    (num_ensembles, ...)."""
 
     hidden_dims: Sequence[int]
     layer_norm: bool = True
@@ -79,10 +80,12 @@ class Value(nn.Module):
             mlp_class = ensemblize(mlp_class, self.num_ensembles)
         self.value_net = mlp_class((*self.hidden_dims, 1), activate_final=False, layer_norm=self.layer_norm)
 
-    def __call__(self, observations, actions=None):
+    def __call__(self, observations, actions=None, times=None):
         inputs = [self.encoder(observations) if self.encoder is not None else observations]
         if actions is not None:
             inputs.append(actions)
+        if times is not None:  # a time-conditioned critic Q(s, a_t, t) (CGQL)
+            inputs.append(times)
         return self.value_net(jnp.concatenate(inputs, axis=-1)).squeeze(-1)
 
 
