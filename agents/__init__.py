@@ -17,6 +17,8 @@ _CLASSES = dict(
     rebrac=('agents.rebrac', 'ReBRACAgent'),
     dsrl=('agents.dsrl', 'DSRLAgent'),
     cgql=('agents.cgql', 'CGQLAgent'),
+    fbrac=('agents.fbrac', 'FBRACAgent'),
+    ifql=('agents.ifql', 'IFQLAgent'),
 )
 
 

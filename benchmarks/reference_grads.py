@@ -74,6 +74,10 @@ CASES = {
     'CGQL-L clipped': (
         'cgql', 'agents.cgql', dict(action_chunking=True, mode='linex', noisy_coef=0.1, isd_clip=1e-3, **CGQL), {},
     ),  # fmt: skip
+    'FBRAC': ('fbrac', 'agents.fbrac', dict(action_chunking=True, alpha=0.1, best_of_n=4), {}),
+    'FBRAC single-action': ('fbrac', 'agents.fbrac', dict(action_chunking=False, alpha=30.0), {}),
+    'IFQL': ('ifql', 'agents.ifql', dict(action_chunking=True, kappa=0.9), {}),
+    'IFQL single-action': ('ifql', 'agents.ifql', dict(action_chunking=False, kappa=0.7), {}),
     'RLPD (ACRLPD with rho)': ('acrlpd', 'agents.rlpd', dict(action_chunking=True, **RLPD_SHARED), QAM_RLPD),
     'RLPD single-action (ACRLPD with rho)': (
         'acrlpd', 'agents.rlpd', dict(action_chunking=False, **RLPD_SHARED), QAM_RLPD,
@@ -143,6 +147,10 @@ def rebrac_action_std(ours, agent):
     for prefix in ('actor/info/', 'total/info/actor/', 'update/info/actor/'):
         ours[f'{prefix}action_std'] = np.float32(1.0)
     return ours
+
+
+# Agents whose reference samples actions for one observation only: both sides are compared on one.
+ONE_OBSERVATION = ('ifql',)
 
 
 # Where an agent splits or writes its losses unlike the reference: (losses for `probe`, `f(ours, agent)` translating
@@ -235,7 +243,9 @@ def run_case(name, reference, work_dir):
     agent, init_gap = load_params(agent, theirs, agent_name)
     adjoint = (lambda a, obs, key: a.adjoint_pass(obs, key)) if hasattr(agent, 'adjoint_pass') else None
     losses, translate = ADAPTERS.get(agent_name, (None, lambda o, a: o))
-    ours = translate(probe.probe(agent, adjoint, replay=theirs if record else None, losses=losses), agent)
+    one = agent_name in ONE_OBSERVATION
+    ours = translate(probe.probe(agent, adjoint, replay=theirs if record else None, losses=losses,
+                                 one_observation=one), agent)  # fmt: skip
     worst, missing = compare(ours, theirs, agent_name)
     for step in ('update', 'batch_update'):  # a comparison of parameters that did not move would prove nothing
         moved = [k for k in ours if k.startswith(f'{step}/params/modules_critic/')]

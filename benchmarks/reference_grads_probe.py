@@ -97,12 +97,13 @@ class Draws:
             raise ValueError(f'the code used {self.count} of the {len(self.draws)} recorded draws')
 
 
-def probe(agent, adjoint=None, replay=None, losses=None, driver=None):
+def probe(agent, adjoint=None, replay=None, losses=None, driver=None, one_observation=False):
     """Everything compared and the parameters (`params/`), as {name: numpy array}; `adjoint(agent, observations,
     key)` gives (xs, adjs, ts, info); `losses` maps 'total', 'critic' or 'actor' to a `(agent, batch, params, key)
     -> (loss, info)` where one code splits a loss differently (default: the agent's `<name>_loss` method);
     `driver` = (update(agent, batch), batch_update(agent, batches)) where a code's driver calls them differently
-    (default: the agent's `update` and `batch_update`).
+    (default: the agent's `update` and `batch_update`); `one_observation`: sample actions for the first
+    observation only (a reference whose `sample_actions` takes one).
 
     `replay`: None to use the keys (both codes split them alike), {} to record the draws (they come back under
     `draws/<computation>/<i>`), or such a record to replay it.
@@ -149,7 +150,8 @@ def probe(agent, adjoint=None, replay=None, losses=None, driver=None):
     if replay is None:  # a scan traces its body once: no per-step replay
         new_agent, _ = batch_update(agent, batches)
         out.update(flatten(new_agent.network.params, 'batch_update/params/'))
-    out['actions'] = np.asarray(run('actions', lambda: agent.sample_actions(observations, rng=keys['actions'])))
+    acting = observations[0] if one_observation else observations
+    out['actions'] = np.asarray(run('actions', lambda: agent.sample_actions(acting, rng=keys['actions'])))
     return out
 
 
@@ -159,9 +161,13 @@ def example_inputs():
 
 
 def reference_calls(config):
-    """`probe`'s `losses` and `driver` for the reference's agent where its calls differ from the others': for
+    """`probe`'s keywords for the reference's agent where its calls differ from the others': IFQL's critic loss
+    takes no key and its sampler one observation at a time; for
     ReBRAC (by name, as their `main.py` does) `total_loss` takes the key by name after a `full_update` switch, and
     the driver runs `update(batch, full_update=i % actor_freq == 0)` at offline step i = 1, 2, ..."""
+    if config['agent_name'] == 'ifql':  # its critic loss takes no key; its sampler one observation at a time
+        return dict(losses={'critic': lambda agent, batch, params, key: agent.critic_loss(batch, params)},
+                    one_observation=True)  # fmt: skip
     if config['agent_name'] != 'rebrac':
         return {}
     freq = config['actor_freq']

@@ -87,6 +87,10 @@ QAM_METHODS = {
                'CGQL with a time-conditioned critic distilled by squared error', 'qam'),
         Method('CGQL-L', 'main.py', {'agent': 'agents/cgql.py', **QAM_METHOD_FLAGS['CGQL-L'], **QAM_STEPS},
                'CGQL with a time-conditioned critic distilled by the linex loss', 'qam'),
+        Method('FBRAC', 'main.py', {'agent': 'agents/fbrac.py', **QAM_STEPS},
+               'a BC flow that maximises Q by backpropagation through its steps (-Q / alpha)', 'qam'),
+        Method('IFQL', 'main.py', {'agent': 'agents/ifql.py', **QAM_STEPS},
+               'expectile value, in-sample critic and a BC flow with best-of-N acting (the flow IDQL)', 'qam'),
         # Their agents/fql.py: this project's ACFQL with their 10-critic pessimistic target and BC mask.
         Method('FQL', 'main.py', {'agent.actor_type': 'distill-ddpg', **QAM_METHOD_FLAGS['FQL'], **QAM_STEPS},
                'chunked FQL with 10 critics and the pessimistic target', 'qam'),

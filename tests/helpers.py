@@ -147,6 +147,24 @@ def tiny_cgql_config(horizon_length=3, **overrides):
     return _tiny_config(get_config, settings, overrides)
 
 
+def tiny_fbrac_config(horizon_length=3, **overrides):
+    """FBRAC config with tiny networks and few flow steps."""
+    from agents.fbrac import get_config
+
+    settings = dict(horizon_length=horizon_length, actor_hidden_dims=(16, 16), value_hidden_dims=(16, 16), num_qs=3,
+                    flow_steps=3, batch_size=16, alpha=1.0)  # fmt: skip
+    return _tiny_config(get_config, settings, overrides)
+
+
+def tiny_ifql_config(horizon_length=3, **overrides):
+    """IFQL config with tiny networks, few flow steps and few samples."""
+    from agents.ifql import get_config
+
+    settings = dict(horizon_length=horizon_length, actor_hidden_dims=(16, 16), value_hidden_dims=(16, 16), num_qs=3,
+                    flow_steps=3, batch_size=16, num_samples=4)  # fmt: skip
+    return _tiny_config(get_config, settings, overrides)
+
+
 def tiny_acfql_config(horizon_length=3, **overrides):
     """ACFQL config with tiny networks so that tests compile and run in seconds on a CPU."""
     from agents.acfql import get_config
