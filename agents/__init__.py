@@ -19,6 +19,8 @@ _CLASSES = dict(
     cgql=('agents.cgql', 'CGQLAgent'),
     fbrac=('agents.fbrac', 'FBRACAgent'),
     ifql=('agents.ifql', 'IFQLAgent'),
+    bam=('agents.bam', 'BAMAgent'),
+    fawac=('agents.fawac', 'FAWACAgent'),
 )
 
 

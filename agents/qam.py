@@ -31,7 +31,15 @@ from utils.config_rules import (
 )
 from utils.edit_policy import edit_loss, edit_networks, edit_target_entropy, edited_actions
 from utils.flax_utils import adam, gradient_step, init_network, nonpytree_field, scan_updates, sum_losses
-from utils.flows import best_of_n, chunk_actions, chunk_td_loss, euler_flow, example_chunks, flow_matching_pair
+from utils.flows import (
+    best_of_n,
+    chunk_actions,
+    chunk_td_loss,
+    example_chunks,
+    flow_matching_pair,
+    memoryless_sde,
+    summed_flow_actions,
+)
 from utils.networks import ActorVectorField, Value
 
 
@@ -50,32 +58,18 @@ class QAMAgent(flax.struct.PyTreeNode):
     def adjoint_pass(self, observations, rng):
         """The memoryless trajectory of the fine-tuned flow and its lean adjoints, neither differentiated.
 
-        Forward: x_0 ~ N(0, I), then for t = i h (h = 1 / flow_steps) x <- x + h (2 v - x / (t + h)) + sqrt(h) sigma_t
-        eps with sigma_t = sqrt(2 (1 - t + h) / (t + h)) and v the fine-tuned velocity (plus the base's when
-        `residual`); the last step is an ODE step of the base flow. Backward: the adjoint starts at -inv_temp *
-        grad_a Q(s, x_1) and takes h-steps along the vector-Jacobian product of the base drift 2 v_base - x / (t + h).
+        Forward (`utils.flows.memoryless_sde`): x_0 ~ N(0, I), then for t = i h (h = 1 / flow_steps) x <- x + h (2 v -
+        x / (t + h)) + sqrt(h) sigma_t eps with sigma_t = sqrt(2 (1 - t + h) / (t + h)) and v the fine-tuned velocity
+        (plus the base's when `residual`); the last step is an ODE step of the base flow. Backward: the adjoint starts
+        at -inv_temp * grad_a Q(s, x_1) and takes h-steps along the vector-Jacobian product of the base drift
+        2 v_base - x / (t + h).
         Returns the states x_0..x_{T-1} (T, B, D), their adjoints (T, B, D), the times (T, B, 1) and adjoint stats.
         """
         num_steps = self.config['flow_steps']
         h = 1 / num_steps
         base = self.network.select('target_actor_slow' if self.config['target_actor'] else 'actor_slow')
-        fine = self.network.select('actor_fast')
-        x = jax.random.normal(rng, (*observations.shape[:-1], self.config['full_action_dim']))  # (B, D)
-        xs, ts = [x], []
-        for i, key in enumerate(jax.random.split(rng, num_steps)):
-            t = jnp.full_like(x[..., :1], i / num_steps)  # (B, 1)
-            sigma = jnp.sqrt(2 * (1 - t + h) / (t + h))
-            eps = jax.random.normal(key, x.shape)
-            if i < num_steps - 1:
-                v = fine(observations, x, t)
-                if self.config['residual']:
-                    v = v + base(observations, x, t)
-                x = x + h * (2 * v - x / (t + h)) + jnp.sqrt(h) * sigma * eps
-            else:
-                x = x + h * base(observations, x, t)
-            xs.append(x)
-            ts.append(t)
-
+        xs, ts, _ = memoryless_sde(self.network.select('actor_fast'), base, observations, rng,
+                                   self.config['full_action_dim'], num_steps, self.config['residual'])  # fmt: skip
         critic = self.network.select('target_critic' if self.config['use_target_grad'] else 'critic')
 
         def q_sum(a):
@@ -85,7 +79,7 @@ class QAMAgent(flax.struct.PyTreeNode):
         info = {'adj_max': jnp.abs(adj).max(), 'adj_std': jnp.abs(adj).std(), 'adj_mean': jnp.abs(adj).mean()}
         adjs = [None] * num_steps
         for i in reversed(range(num_steps)):
-            t = jnp.full_like(x[..., :1], i / num_steps)
+            t = jnp.full_like(adj[..., :1], i / num_steps)
 
             def base_drift(xi, t=t):
                 return 2 * base(observations, xi, t + h) - xi / (t + h)
@@ -182,12 +176,7 @@ class QAMAgent(flax.struct.PyTreeNode):
 
     def compute_flow_actions(self, observations, noises, flows=('actor_slow',)):
         """Integrates the sum of the velocities of `flows` from `noises` with `flow_steps` Euler steps, clipped."""
-        nets = [self.network.select(name) for name in flows]
-
-        def velocity(x, t):
-            return sum(net(observations, x, t) for net in nets)
-
-        return euler_flow(velocity, noises, self.config['flow_steps'])
+        return summed_flow_actions(self.network, flows, observations, noises, self.config['flow_steps'])
 
     @jax.jit
     def sample_actions(self, observations, rng=None):

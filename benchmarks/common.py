@@ -33,6 +33,8 @@ AGENTS = {
     'CGQL-L': ('cgql', dict(horizon_length=5, mode='linex', inv_temp=10.0, guidance_coef=0.01, noisy_coef=0.001)),
     'FBRAC': ('fbrac', dict(horizon_length=5, alpha=0.1)),
     'IFQL': ('ifql', dict(horizon_length=5, kappa=0.9)),
+    'BAM': ('bam', dict(horizon_length=5, inv_temp=10.0)),
+    'FAWAC': ('fawac', dict(horizon_length=5, inv_temp=0.8)),
     'DAC': ('dcgql', dict(horizon_length=5, actor_loss_type='dac', alpha=3.0, clip_sampler_before=True)),
 }
 

@@ -78,6 +78,11 @@ CASES = {
     'FBRAC single-action': ('fbrac', 'agents.fbrac', dict(action_chunking=False, alpha=30.0), {}),
     'IFQL': ('ifql', 'agents.ifql', dict(action_chunking=True, kappa=0.9), {}),
     'IFQL single-action': ('ifql', 'agents.ifql', dict(action_chunking=False, kappa=0.7), {}),
+    'BAM': ('bam', 'agents.bam', dict(action_chunking=True, inv_temp=10.0, best_of_n=4), {}),
+    'BAM residual': ('bam', 'agents.bam', dict(action_chunking=True, inv_temp=10.0, residual=True), {}),
+    'BAM single-action': ('bam', 'agents.bam', dict(action_chunking=False, inv_temp=30.0, target_actor=False), {}),
+    'FAWAC': ('fawac', 'agents.fawac', dict(action_chunking=True, inv_temp=0.8), {}),
+    'FAWAC single-action': ('fawac', 'agents.fawac', dict(action_chunking=False, inv_temp=6.4), {}),
     'RLPD (ACRLPD with rho)': ('acrlpd', 'agents.rlpd', dict(action_chunking=True, **RLPD_SHARED), QAM_RLPD),
     'RLPD single-action (ACRLPD with rho)': (
         'acrlpd', 'agents.rlpd', dict(action_chunking=False, **RLPD_SHARED), QAM_RLPD,

@@ -91,6 +91,11 @@ QAM_METHODS = {
                'a BC flow that maximises Q by backpropagation through its steps (-Q / alpha)', 'qam'),
         Method('IFQL', 'main.py', {'agent': 'agents/ifql.py', **QAM_STEPS},
                'expectile value, in-sample critic and a BC flow with best-of-N acting (the flow IDQL)', 'qam'),
+        Method('BAM', 'main.py', {'agent': 'agents/bam.py', **QAM_STEPS},
+               "QAM's fine-tuned flow trained by backpropagation through its memoryless SDE (basic adjoint matching)",
+               'qam'),
+        Method('FAWAC', 'main.py', {'agent': 'agents/fawac.py', **QAM_STEPS},
+               'a BC flow whose flow-matching loss is weighted by exp(inv_temp * advantage) (AWAC)', 'qam'),
         # Their agents/fql.py: this project's ACFQL with their 10-critic pessimistic target and BC mask.
         Method('FQL', 'main.py', {'agent.actor_type': 'distill-ddpg', **QAM_METHOD_FLAGS['FQL'], **QAM_STEPS},
                'chunked FQL with 10 critics and the pessimistic target', 'qam'),

@@ -165,6 +165,24 @@ def tiny_ifql_config(horizon_length=3, **overrides):
     return _tiny_config(get_config, settings, overrides)
 
 
+def tiny_bam_config(horizon_length=3, **overrides):
+    """BAM config with tiny networks and few SDE steps."""
+    from agents.bam import get_config
+
+    settings = dict(horizon_length=horizon_length, actor_hidden_dims=(16, 16), value_hidden_dims=(16, 16), num_qs=3,
+                    flow_steps=3, batch_size=16, inv_temp=10.0)  # fmt: skip
+    return _tiny_config(get_config, settings, overrides)
+
+
+def tiny_fawac_config(horizon_length=3, **overrides):
+    """FAWAC config with tiny networks and few flow steps."""
+    from agents.fawac import get_config
+
+    settings = dict(horizon_length=horizon_length, actor_hidden_dims=(16, 16), value_hidden_dims=(16, 16), num_qs=3,
+                    flow_steps=3, batch_size=16, inv_temp=0.8)  # fmt: skip
+    return _tiny_config(get_config, settings, overrides)
+
+
 def tiny_acfql_config(horizon_length=3, **overrides):
     """ACFQL config with tiny networks so that tests compile and run in seconds on a CPU."""
     from agents.acfql import get_config

@@ -24,6 +24,8 @@ BASELINES = {
                'critic/noisy_critic_loss'),
     'FBRAC': ('agents/fbrac.py', ['--agent.flow_steps=2', '--agent.alpha=0.1'], 'actor/q_loss'),
     'IFQL': ('agents/ifql.py', ['--agent.flow_steps=2', '--agent.num_samples=4'], 'value/value_loss'),
+    'BAM': ('agents/bam.py', ['--agent.flow_steps=2', '--agent.inv_temp=10'], 'actor/bam_loss'),
+    'FAWAC': ('agents/fawac.py', ['--agent.flow_steps=2', '--agent.inv_temp=0.8'], 'critic/value_loss'),
     'QSM': ('agents/dcgql.py', ['--agent.diffusion_steps=2', '--agent.alpha=10'], 'actor/bc_loss'),
     'DAC': ('agents/dcgql.py', ['--agent.diffusion_steps=2', '--agent.actor_loss_type=dac', '--agent.alpha=3',
                                 '--agent.clip_sampler_before=True'], 'actor/bc_loss'),

@@ -29,7 +29,8 @@ TINY = [
 ]
 OFFLINE = ['--offline_steps=40', '--online_steps=0', '--log_interval=5', '--eval_interval=20', '--save_interval=10']
 TIME_COLUMNS = ('time/total', 'episode.duration')  # wall-clock values
-RESUMED = ('acfql', 'qam', 'fedit', 'dcgql', 'rebrac', 'dsrl', 'cgql', 'fbrac', 'ifql')  # agents killed and resumed
+# Agents killed and resumed: every registered one but ACRLPD (main_online.py's agent; its resume is tested there).
+RESUMED = ('acfql', 'qam', 'fedit', 'dcgql', 'rebrac', 'dsrl', 'cgql', 'fbrac', 'ifql', 'bam', 'fawac')
 # How few sampling steps each agent takes here (the flow agents: Euler steps; the diffusion agent: denoising steps;
 # ReBRAC's deterministic actor: none).
 STEPS = {'agents/dcgql.py': ['--agent.diffusion_steps=2', '--agent.time_dim=8'], 'agents/rebrac.py': []}

@@ -1,6 +1,6 @@
 """What the flow agents share: chunk reshaping, the example chunks of `create`, QC's chunked TD loss, the
-flow-matching regression pair, Euler integration of a flow and best-of-N selection by a critic. ACFQL, ACRLPD and QAM
-read them; each agent file keeps only its method's math."""
+flow-matching regression pair, Euler integration of a flow (or of a residual flow on its base), adjoint matching's
+memoryless SDE and best-of-N selection by a critic; each agent file keeps only its method's math."""
 
 import jax
 import jax.numpy as jnp
@@ -43,6 +43,42 @@ def euler_flow(velocity, noises, num_steps):
         t = jnp.full((*x.shape[:-1], 1), i / num_steps)
         x = x + velocity(x, t) / num_steps
     return jnp.clip(x, -1, 1)
+
+
+def summed_flow_actions(network, names, observations, noises, num_steps):
+    """Euler integration (`euler_flow`) of the sum of the velocities of the flows `names` of `network` from
+    `noises` (..., D): a flow alone, or a residual flow on top of its base."""
+    nets = [network.select(name) for name in names]
+    return euler_flow(lambda x, t: sum(net(observations, x, t) for net in nets), noises, num_steps)
+
+
+def memoryless_sde(fine, base, observations, rng, full_action_dim, num_steps, residual=False):
+    """The memoryless SDE of adjoint matching run with the velocity `fine` (a correction added to `base` when
+    `residual`), differentiable in whatever `fine` closes over.
+
+    x_0 ~ N(0, I) drawn from `rng`; then for t = i h (h = 1 / num_steps) x <- x + h (2 v - x / (t + h)) + sqrt(h)
+    sigma_t eps, sigma_t = sqrt(2 (1 - t + h) / (t + h)), eps from the i-th of `num_steps` keys split from `rng`; the
+    last step is an ODE step of `base`. Returns the states x_0..x_T (T + 1, each (B, D)), the times (T, each (B, 1))
+    and the path's KL penalty sum_t 2 |v - v_base|^2 / sigma_t^2 (B,) over the SDE steps.
+    """
+    h = 1 / num_steps
+    x = jax.random.normal(rng, (*observations.shape[:-1], full_action_dim))  # (B, D)
+    xs, ts, penalty = [x], [], 0.0
+    for i, key in enumerate(jax.random.split(rng, num_steps)):
+        t = jnp.full_like(x[..., :1], i / num_steps)  # (B, 1)
+        sigma = jnp.sqrt(2 * (1 - t + h) / (t + h))
+        eps = jax.random.normal(key, x.shape)
+        if i < num_steps - 1:
+            v, v_base = fine(observations, x, t), base(observations, x, t)
+            gap = v if residual else v - v_base
+            v = v + v_base if residual else v
+            penalty = penalty + jnp.sum(jnp.square(gap), axis=-1) * 2 / jnp.square(sigma[..., 0])
+            x = x + h * (2 * v - x / (t + h)) + jnp.sqrt(h) * sigma * eps
+        else:
+            x = x + h * base(observations, x, t)
+        xs.append(x)
+        ts.append(t)
+    return xs, ts, penalty
 
 
 def best_of_n(candidates, q):
