@@ -29,7 +29,7 @@ TINY = [
 ]
 OFFLINE = ['--offline_steps=40', '--online_steps=0', '--log_interval=5', '--eval_interval=20', '--save_interval=10']
 TIME_COLUMNS = ('time/total', 'episode.duration')  # wall-clock values
-# Agents killed and resumed: every registered one but ACRLPD (main_online.py's agent; its resume is tested there).
+# Agents killed and resumed: every registered agent that main.py runs (ACRLPD is main_online.py's).
 RESUMED = ('acfql', 'qam', 'fedit', 'dcgql', 'rebrac', 'dsrl', 'cgql', 'fbrac', 'ifql', 'bam', 'fawac')
 # How few sampling steps each agent takes here (the flow agents: Euler steps; the diffusion agent: denoising steps;
 # ReBRAC's deterministic actor: none).
