@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from utils.config_rules import boolean, fraction, non_negative, one_of, optional, positive, widths
+from utils.config_rules import CHUNKED_CRITIC_RULES, boolean, non_negative, one_of, positive
 from utils.flax_utils import adam, gradient_step, init_network, nonpytree_field, scan_updates, sum_losses
 from utils.flows import (
     best_of_n,
@@ -28,7 +28,7 @@ from utils.flows import (
     memoryless_sde,
     summed_flow_actions,
 )
-from utils.networks import ActorVectorField, Value, aggregate_q
+from utils.networks import aggregate_q, critic_ensemble, flow_field
 
 
 class BAMAgent(flax.struct.PyTreeNode):
@@ -114,16 +114,8 @@ class BAMAgent(flax.struct.PyTreeNode):
         rng = jax.random.PRNGKey(seed)
         rng, init_rng = jax.random.split(rng)
         ex_observations, ex_actions, full_actions = example_chunks(config, ex_observations, ex_actions)
-        critic_def = Value(
-            hidden_dims=tuple(config['value_hidden_dims']),
-            layer_norm=config['value_layer_norm'],
-            num_ensembles=config['num_qs'],
-        )
-        flow_def = ActorVectorField(
-            hidden_dims=tuple(config['actor_hidden_dims']),
-            action_dim=full_actions.shape[-1],
-            layer_norm=config['actor_layer_norm'],
-        )
+        critic_def = critic_ensemble(config)
+        flow_def = flow_field(config, full_actions.shape[-1])
         flow_inputs = (ex_observations, full_actions, ex_actions[..., :1])
         network_info = dict(
             critic=(critic_def, (ex_observations, full_actions)),
@@ -153,18 +145,7 @@ def paper_method(config, protocol='qam'):
 # What each key of `get_config()` may hold; the drivers check a run's config against them before loading anything.
 CONFIG_RULES = dict(
     agent_name=one_of('bam'),
-    lr=positive(float),
-    batch_size=positive(int),
-    actor_hidden_dims=widths(),
-    actor_layer_norm=boolean(),
-    value_hidden_dims=widths(),
-    value_layer_norm=boolean(),
-    horizon_length=optional(positive(int)),
-    action_chunking=boolean(),
-    num_qs=positive(int),
-    rho=non_negative(),
-    discount=fraction(),
-    tau=fraction(),
+    **CHUNKED_CRITIC_RULES,
     flow_steps=positive(int),
     best_of_n=positive(int),
     inv_temp=non_negative(),

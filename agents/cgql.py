@@ -20,10 +20,10 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from utils.config_rules import boolean, fraction, non_negative, one_of, optional, positive, widths
+from utils.config_rules import CHUNKED_CRITIC_RULES, boolean, non_negative, one_of, positive
 from utils.flax_utils import adam, gradient_step, init_network, nonpytree_field, scan_updates, sum_losses
 from utils.flows import best_of_n, chunk_actions, example_chunks, flow_matching_pair
-from utils.networks import ActorVectorField, Value, aggregate_q
+from utils.networks import aggregate_q, critic_ensemble, flow_field
 
 
 class CGQLAgent(flax.struct.PyTreeNode):
@@ -145,16 +145,8 @@ class CGQLAgent(flax.struct.PyTreeNode):
         ex_observations, ex_actions, full_actions = example_chunks(config, ex_observations, ex_actions)
         ex_times = ex_actions[..., :1]
 
-        critic_def = Value(
-            hidden_dims=tuple(config['value_hidden_dims']),
-            layer_norm=config['value_layer_norm'],
-            num_ensembles=config['num_qs'],
-        )
-        flow_def = ActorVectorField(
-            hidden_dims=tuple(config['actor_hidden_dims']),
-            action_dim=full_actions.shape[-1],
-            layer_norm=config['actor_layer_norm'],
-        )
+        critic_def = critic_ensemble(config)
+        flow_def = flow_field(config, full_actions.shape[-1])
         network_info = dict(
             actor=(flow_def, (ex_observations, full_actions, ex_times)),
             target_actor=(copy.deepcopy(flow_def), (ex_observations, full_actions, ex_times)),
@@ -183,18 +175,7 @@ def paper_method(config, protocol='qam'):
 # What each key of `get_config()` may hold; the drivers check a run's config against them before loading anything.
 CONFIG_RULES = dict(
     agent_name=one_of('cgql'),
-    lr=positive(float),
-    batch_size=positive(int),
-    actor_hidden_dims=widths(),
-    actor_layer_norm=boolean(),
-    value_hidden_dims=widths(),
-    value_layer_norm=boolean(),
-    horizon_length=optional(positive(int)),
-    action_chunking=boolean(),
-    num_qs=positive(int),
-    rho=non_negative(),
-    discount=fraction(),
-    tau=fraction(),
+    **CHUNKED_CRITIC_RULES,
     flow_steps=positive(int),
     best_of_n=positive(int),
     mode=one_of('simple', 'mse', 'linex'),

@@ -21,11 +21,11 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from utils.config_rules import boolean, fraction, non_negative, one_of, optional, positive, widths
+from utils.config_rules import CHUNKED_CRITIC_RULES, boolean, non_negative, one_of, positive
 from utils.diffusion import NoiseNetwork, ddpm_sample, schedule
 from utils.flax_utils import adam, gradient_step, init_network, nonpytree_field, scan_updates, sum_losses
 from utils.flows import chunk_actions, chunk_td_loss, example_chunks
-from utils.networks import Value
+from utils.networks import critic_ensemble
 
 
 class DCGQLAgent(flax.struct.PyTreeNode):
@@ -123,11 +123,7 @@ class DCGQLAgent(flax.struct.PyTreeNode):
         ex_observations, ex_actions, full_actions = example_chunks(config, ex_observations, ex_actions)
         full_action_dim = full_actions.shape[-1]  # H * A, or A without chunking
 
-        critic_def = Value(
-            hidden_dims=tuple(config['value_hidden_dims']),
-            layer_norm=config['value_layer_norm'],
-            num_ensembles=config['num_qs'],
-        )
+        critic_def = critic_ensemble(config)
         actor_def = NoiseNetwork(
             hidden_dims=tuple(config['actor_hidden_dims']),
             action_dim=full_action_dim,
@@ -162,18 +158,7 @@ def paper_method(config, protocol='qam'):
 # What each key of `get_config()` may hold; the drivers check a run's config against them before loading anything.
 CONFIG_RULES = dict(
     agent_name=one_of('dcgql'),
-    lr=positive(float),
-    batch_size=positive(int),
-    actor_hidden_dims=widths(),
-    actor_layer_norm=boolean(),
-    value_hidden_dims=widths(),
-    value_layer_norm=boolean(),
-    horizon_length=optional(positive(int)),
-    action_chunking=boolean(),
-    num_qs=positive(int),
-    rho=non_negative(),
-    discount=fraction(),
-    tau=fraction(),
+    **CHUNKED_CRITIC_RULES,
     diffusion_steps=positive(int),
     time_dim=positive(int),
     beta_schedule=one_of('vp', 'cosine', 'linear'),

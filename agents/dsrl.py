@@ -18,10 +18,18 @@ import jax.numpy as jnp
 import ml_collections
 
 from rlpd_distributions import TanhNormal
-from utils.config_rules import boolean, fraction, non_negative, number, one_of, optional, positive, widths
+from utils.config_rules import (
+    CHUNKED_CRITIC_RULES,
+    boolean,
+    non_negative,
+    number,
+    one_of,
+    optional,
+    positive,
+)
 from utils.flax_utils import adam, gradient_step, init_network, nonpytree_field, scan_updates, sum_losses
 from utils.flows import best_of_n, chunk_actions, chunk_td_loss, euler_flow, example_chunks, flow_matching_pair
-from utils.networks import MLP, ActorVectorField, Temperature, Value, temperature_loss
+from utils.networks import MLP, Temperature, critic_ensemble, flow_field, temperature_loss
 
 
 class DSRLAgent(flax.struct.PyTreeNode):
@@ -127,16 +135,8 @@ class DSRLAgent(flax.struct.PyTreeNode):
         if config['target_entropy'] is None:
             config['target_entropy'] = -config['target_entropy_multiplier'] * full_action_dim
 
-        critic_def = Value(
-            hidden_dims=tuple(config['value_hidden_dims']),
-            layer_norm=config['value_layer_norm'],
-            num_ensembles=config['num_qs'],
-        )
-        flow_def = ActorVectorField(
-            hidden_dims=tuple(config['actor_hidden_dims']),
-            action_dim=full_action_dim,
-            layer_norm=config['actor_layer_norm'],
-        )
+        critic_def = critic_ensemble(config)
+        flow_def = flow_field(config, full_action_dim)
         trunk = functools.partial(MLP, hidden_dims=tuple(config['actor_hidden_dims']), activate_final=True)
         flow_inputs = (ex_observations, full_actions, full_actions[..., :1])
         network_info = dict(
@@ -167,18 +167,7 @@ def paper_method(config, protocol='qam'):
 # What each key of `get_config()` may hold; the drivers check a run's config against them before loading anything.
 CONFIG_RULES = dict(
     agent_name=one_of('dsrl'),
-    lr=positive(float),
-    batch_size=positive(int),
-    actor_hidden_dims=widths(),
-    actor_layer_norm=boolean(),
-    value_hidden_dims=widths(),
-    value_layer_norm=boolean(),
-    horizon_length=optional(positive(int)),
-    action_chunking=boolean(),
-    num_qs=positive(int),
-    rho=non_negative(),
-    discount=fraction(),
-    tau=fraction(),
+    **CHUNKED_CRITIC_RULES,
     flow_steps=positive(int),
     best_of_n=positive(int),
     noise_scale=non_negative(),

@@ -15,10 +15,10 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from utils.config_rules import boolean, fraction, non_negative, one_of, optional, positive, widths
+from utils.config_rules import CHUNKED_CRITIC_RULES, non_negative, one_of, positive
 from utils.flax_utils import adam, gradient_step, init_network, nonpytree_field, scan_updates, sum_losses
 from utils.flows import chunk_actions, chunk_td_loss, euler_flow, example_chunks, flow_matching_pair
-from utils.networks import ActorVectorField, Value
+from utils.networks import Value, flow_field
 
 # The largest advantage weight (IQL's cap on exp(inv_temp * A)).
 MAX_WEIGHT = 100.0
@@ -99,11 +99,7 @@ class FAWACAgent(flax.struct.PyTreeNode):
         ex_observations, ex_actions, full_actions = example_chunks(config, ex_observations, ex_actions)
         value = dict(hidden_dims=tuple(config['value_hidden_dims']), layer_norm=config['value_layer_norm'])
         critic_def = Value(**value, num_ensembles=config['num_qs'])
-        flow_def = ActorVectorField(
-            hidden_dims=tuple(config['actor_hidden_dims']),
-            action_dim=full_actions.shape[-1],
-            layer_norm=config['actor_layer_norm'],
-        )
+        flow_def = flow_field(config, full_actions.shape[-1])
         network_info = dict(
             critic=(critic_def, (ex_observations, full_actions)),
             target_critic=(copy.deepcopy(critic_def), (ex_observations, full_actions)),
@@ -130,18 +126,7 @@ def paper_method(config, protocol='qam'):
 # What each key of `get_config()` may hold; the drivers check a run's config against them before loading anything.
 CONFIG_RULES = dict(
     agent_name=one_of('fawac'),
-    lr=positive(float),
-    batch_size=positive(int),
-    actor_hidden_dims=widths(),
-    actor_layer_norm=boolean(),
-    value_hidden_dims=widths(),
-    value_layer_norm=boolean(),
-    horizon_length=optional(positive(int)),
-    action_chunking=boolean(),
-    num_qs=positive(int),
-    rho=non_negative(),
-    discount=fraction(),
-    tau=fraction(),
+    **CHUNKED_CRITIC_RULES,
     flow_steps=positive(int),
     inv_temp=non_negative(),
 )

@@ -16,11 +16,18 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from utils.config_rules import boolean, fraction, non_negative, number, one_of, optional, positive, widths
+from utils.config_rules import (
+    CHUNKED_CRITIC_RULES,
+    non_negative,
+    number,
+    one_of,
+    optional,
+    positive,
+)
 from utils.edit_policy import edit_loss, edit_networks, edit_target_entropy, edited_actions
 from utils.flax_utils import adam, gradient_step, init_network, nonpytree_field, scan_updates, sum_losses
 from utils.flows import best_of_n, chunk_actions, chunk_td_loss, euler_flow, example_chunks, flow_matching_pair
-from utils.networks import ActorVectorField, Value
+from utils.networks import critic_ensemble, flow_field
 
 
 class FEditAgent(flax.struct.PyTreeNode):
@@ -108,16 +115,8 @@ class FEditAgent(flax.struct.PyTreeNode):
         full_action_dim = full_actions.shape[-1]  # H * A, or A without chunking
         config['edit_target_entropy'] = edit_target_entropy(config, full_action_dim)
 
-        critic_def = Value(
-            hidden_dims=tuple(config['value_hidden_dims']),
-            layer_norm=config['value_layer_norm'],
-            num_ensembles=config['num_qs'],
-        )
-        flow_def = ActorVectorField(
-            hidden_dims=tuple(config['actor_hidden_dims']),
-            action_dim=full_action_dim,
-            layer_norm=config['actor_layer_norm'],
-        )
+        critic_def = critic_ensemble(config)
+        flow_def = flow_field(config, full_action_dim)
         network_info = dict(
             actor_bc_flow=(flow_def, (ex_observations, full_actions, ex_actions[..., :1])),
             critic=(critic_def, (ex_observations, full_actions)),
@@ -144,18 +143,7 @@ def paper_method(config, protocol='qam'):
 # What each key of `get_config()` may hold; the drivers check a run's config against them before loading anything.
 CONFIG_RULES = dict(
     agent_name=one_of('fedit'),
-    lr=positive(float),
-    batch_size=positive(int),
-    actor_hidden_dims=widths(),
-    actor_layer_norm=boolean(),
-    value_hidden_dims=widths(),
-    value_layer_norm=boolean(),
-    horizon_length=optional(positive(int)),
-    action_chunking=boolean(),
-    num_qs=positive(int),
-    rho=non_negative(),
-    discount=fraction(),
-    tau=fraction(),
+    **CHUNKED_CRITIC_RULES,
     flow_steps=positive(int),
     best_of_n=positive(int),
     edit_scale=non_negative(),

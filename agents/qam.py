@@ -19,15 +19,14 @@ import jax.numpy as jnp
 import ml_collections
 
 from utils.config_rules import (
+    CHUNKED_CRITIC_RULES,
     at_most_one_positive,
     boolean,
-    fraction,
     non_negative,
     number,
     one_of,
     optional,
     positive,
-    widths,
 )
 from utils.edit_policy import edit_loss, edit_networks, edit_target_entropy, edited_actions
 from utils.flax_utils import adam, gradient_step, init_network, nonpytree_field, scan_updates, sum_losses
@@ -40,7 +39,7 @@ from utils.flows import (
     memoryless_sde,
     summed_flow_actions,
 )
-from utils.networks import ActorVectorField, Value
+from utils.networks import critic_ensemble, flow_field
 
 
 class QAMAgent(flax.struct.PyTreeNode):
@@ -219,16 +218,8 @@ class QAMAgent(flax.struct.PyTreeNode):
         ex_times = ex_actions[..., :1]
         config['edit_target_entropy'] = edit_target_entropy(config, full_action_dim)
 
-        critic_def = Value(
-            hidden_dims=tuple(config['value_hidden_dims']),
-            layer_norm=config['value_layer_norm'],
-            num_ensembles=config['num_qs'],
-        )
-        actor_def = ActorVectorField(
-            hidden_dims=tuple(config['actor_hidden_dims']),
-            action_dim=full_action_dim,
-            layer_norm=config['actor_layer_norm'],
-        )
+        critic_def = critic_ensemble(config)
+        actor_def = flow_field(config, full_action_dim)
         network_info = dict(
             critic=(critic_def, (ex_observations, full_actions)),
             target_critic=(copy.deepcopy(critic_def), (ex_observations, full_actions)),
@@ -265,18 +256,7 @@ def paper_method(config, protocol='qam'):
 # What each key of `get_config()` may hold; the drivers check a run's config against them before loading anything.
 CONFIG_RULES = dict(
     agent_name=one_of('qam'),
-    lr=positive(float),
-    batch_size=positive(int),
-    actor_hidden_dims=widths(),
-    actor_layer_norm=boolean(),
-    value_hidden_dims=widths(),
-    value_layer_norm=boolean(),
-    horizon_length=optional(positive(int)),
-    action_chunking=boolean(),
-    num_qs=positive(int),
-    rho=non_negative(),
-    discount=fraction(),
-    tau=fraction(),
+    **CHUNKED_CRITIC_RULES,
     flow_steps=positive(int),
     best_of_n=positive(int),
     inv_temp=non_negative(),

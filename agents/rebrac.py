@@ -17,10 +17,10 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from utils.config_rules import boolean, fraction, non_negative, one_of, optional, positive, widths
+from utils.config_rules import CHUNKED_CRITIC_RULES, non_negative, one_of, positive
 from utils.flax_utils import adam, gradient_step, init_network, nonpytree_field, scan_updates, sum_losses
 from utils.flows import chunk_actions, example_chunks
-from utils.networks import DeterministicActor, Value, aggregate_q
+from utils.networks import DeterministicActor, aggregate_q, critic_ensemble
 
 
 class ReBRACAgent(flax.struct.PyTreeNode):
@@ -109,11 +109,7 @@ class ReBRACAgent(flax.struct.PyTreeNode):
         rng, init_rng = jax.random.split(rng)
         ex_observations, ex_actions, full_actions = example_chunks(config, ex_observations, ex_actions)
 
-        critic_def = Value(
-            hidden_dims=tuple(config['value_hidden_dims']),
-            layer_norm=config['value_layer_norm'],
-            num_ensembles=config['num_qs'],
-        )
+        critic_def = critic_ensemble(config)
         actor_def = DeterministicActor(
             hidden_dims=tuple(config['actor_hidden_dims']),
             action_dim=full_actions.shape[-1],
@@ -145,18 +141,7 @@ def paper_method(config, protocol='qam'):
 # What each key of `get_config()` may hold; the drivers check a run's config against them before loading anything.
 CONFIG_RULES = dict(
     agent_name=one_of('rebrac'),
-    lr=positive(float),
-    batch_size=positive(int),
-    actor_hidden_dims=widths(),
-    actor_layer_norm=boolean(),
-    value_hidden_dims=widths(),
-    value_layer_norm=boolean(),
-    horizon_length=optional(positive(int)),
-    action_chunking=boolean(),
-    num_qs=positive(int),
-    rho=non_negative(),
-    discount=fraction(),
-    tau=fraction(),
+    **CHUNKED_CRITIC_RULES,
     actor_noise=non_negative(),
     alpha_actor=non_negative(),
     actor_freq=positive(int),

@@ -101,3 +101,21 @@ def check_config(config, rules, where, checks=()):
         error = check(config)
         if error:
             raise UsageError(error)
+
+
+# The rules of the keys every agent with QC's chunked critic ensemble shares (the QAM paper's agents): learning rate,
+# batch, network widths and norms, chunking, the ensemble and its pessimism, discount and target rate.
+CHUNKED_CRITIC_RULES = dict(
+    lr=positive(float),
+    batch_size=positive(int),
+    actor_hidden_dims=widths(),
+    actor_layer_norm=boolean(),
+    value_hidden_dims=widths(),
+    value_layer_norm=boolean(),
+    horizon_length=optional(positive(int)),
+    action_chunking=boolean(),
+    num_qs=positive(int),
+    rho=non_negative(),
+    discount=fraction(),
+    tau=fraction(),
+)

@@ -135,6 +135,23 @@ class DeterministicActor(nn.Module):
         return jnp.tanh(self.mean_net(self.actor_net(observations)))
 
 
+def critic_ensemble(config):
+    """The chunked critic ensemble of a config: `num_qs` critics of widths `value_hidden_dims`, layer norm by
+    `value_layer_norm`."""
+    return Value(
+        hidden_dims=tuple(config['value_hidden_dims']), layer_norm=config['value_layer_norm'],
+        num_ensembles=config['num_qs'],
+    )  # fmt: skip
+
+
+def flow_field(config, action_dim):
+    """A flow velocity field (or one-step policy) over `action_dim` of a config's `actor_hidden_dims` and
+    `actor_layer_norm`."""
+    return ActorVectorField(
+        hidden_dims=tuple(config['actor_hidden_dims']), action_dim=action_dim, layer_norm=config['actor_layer_norm']
+    )
+
+
 def aggregate_q(qs, q_agg, rho=0.0):
     """Aggregates a critic ensemble's outputs (num_qs, ...) by 'mean' or 'min' over the ensemble axis, minus `rho`
     times the ensemble's standard deviation (the QAM paper's pessimistic target `mean - rho * std`; 0 leaves the
