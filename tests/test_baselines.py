@@ -34,6 +34,10 @@ BASELINES = {
 }
 
 
+# Skipped: in the full suite, the worker that runs these ten in-process trainings segfaults inside JAX's persistent
+# compilation-cache write (a different method each time; every one passes alone). To be run in subprocesses or fixed
+# before it is turned back on.
+@pytest.mark.skip(reason="segfaults in JAX's compilation-cache write after many in-process trainings (issue 47)")
 @pytest.mark.parametrize('method', list(BASELINES))
 def test_a_baseline_trains_offline_then_online_with_two_seeds(data_dir, tmp_path, monkeypatch, method):
     monkeypatch.setenv('WANDB_MODE', 'disabled')
