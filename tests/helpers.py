@@ -93,94 +93,35 @@ def _tiny_config(get_config, settings, overrides):
     return config
 
 
+# Each QAM-protocol agent's keys for tests that compile and run in seconds (besides `TINY_NETWORKS`): few flow,
+# SDE or diffusion steps, and the method's main weight set so that its terms matter.
+TINY_NETWORKS = dict(actor_hidden_dims=(16, 16), value_hidden_dims=(16, 16), num_qs=3, batch_size=16)
+TINY_KEYS = {
+    'qam': dict(flow_steps=3),
+    'fedit': dict(flow_steps=3, edit_scale=0.3),
+    'dcgql': dict(diffusion_steps=4, time_dim=8, alpha=2.0, inv_temp=1.5),
+    'rebrac': dict(alpha_actor=0.1),
+    'dsrl': dict(flow_steps=3, noise_scale=0.8),
+    'cgql': dict(flow_steps=3, inv_temp=10.0, guidance_coef=0.1, noisy_coef=0.1),
+    'fbrac': dict(flow_steps=3, alpha=1.0),
+    'ifql': dict(flow_steps=3, num_samples=4),
+    'bam': dict(flow_steps=3, inv_temp=10.0),
+    'fawac': dict(flow_steps=3, inv_temp=0.8),
+}
+
+
+def tiny_config(agent_name, horizon_length=3, **overrides):
+    """The `get_config()` of a QAM-protocol agent (`TINY_KEYS`) with tiny networks, `horizon_length` and
+    `overrides`."""
+    from agents import agent_module
+
+    settings = dict(horizon_length=horizon_length, **TINY_NETWORKS, **TINY_KEYS[agent_name])
+    return _tiny_config(agent_module({'agent_name': agent_name}).get_config, settings, overrides)
+
+
 def tiny_qam_config(horizon_length=3, **overrides):
     """QAM config with tiny networks and few flow steps (the adjoint pass is one VJP per step)."""
-    from agents.qam import get_config
-
-    settings = dict(horizon_length=horizon_length, actor_hidden_dims=(16, 16), value_hidden_dims=(16, 16), num_qs=3,
-                    flow_steps=3, batch_size=16)  # fmt: skip
-    return _tiny_config(get_config, settings, overrides)
-
-
-def tiny_fedit_config(horizon_length=3, **overrides):
-    """FEdit config with tiny networks, few flow steps and a nonzero edit."""
-    from agents.fedit import get_config
-
-    settings = dict(horizon_length=horizon_length, actor_hidden_dims=(16, 16), value_hidden_dims=(16, 16), num_qs=3,
-                    flow_steps=3, batch_size=16, edit_scale=0.3)  # fmt: skip
-    return _tiny_config(get_config, settings, overrides)
-
-
-def tiny_dcgql_config(horizon_length=3, **overrides):
-    """QSM/DAC config with tiny networks and few diffusion steps."""
-    from agents.dcgql import get_config
-
-    settings = dict(horizon_length=horizon_length, actor_hidden_dims=(16, 16), value_hidden_dims=(16, 16), num_qs=3,
-                    diffusion_steps=4, time_dim=8, batch_size=16, alpha=2.0, inv_temp=1.5)  # fmt: skip
-    return _tiny_config(get_config, settings, overrides)
-
-
-def tiny_rebrac_config(horizon_length=3, **overrides):
-    """ReBRAC config with tiny networks and a BC term."""
-    from agents.rebrac import get_config
-
-    settings = dict(horizon_length=horizon_length, actor_hidden_dims=(16, 16), value_hidden_dims=(16, 16), num_qs=3,
-                    batch_size=16, alpha_actor=0.1)  # fmt: skip
-    return _tiny_config(get_config, settings, overrides)
-
-
-def tiny_dsrl_config(horizon_length=3, **overrides):
-    """DSRL config with tiny networks and few flow steps."""
-    from agents.dsrl import get_config
-
-    settings = dict(horizon_length=horizon_length, actor_hidden_dims=(16, 16), value_hidden_dims=(16, 16), num_qs=3,
-                    flow_steps=3, batch_size=16, noise_scale=0.8)  # fmt: skip
-    return _tiny_config(get_config, settings, overrides)
-
-
-def tiny_cgql_config(horizon_length=3, **overrides):
-    """CGQL config with tiny networks, few flow steps and strong guidance."""
-    from agents.cgql import get_config
-
-    settings = dict(horizon_length=horizon_length, actor_hidden_dims=(16, 16), value_hidden_dims=(16, 16), num_qs=3,
-                    flow_steps=3, batch_size=16, inv_temp=10.0, guidance_coef=0.1, noisy_coef=0.1)  # fmt: skip
-    return _tiny_config(get_config, settings, overrides)
-
-
-def tiny_fbrac_config(horizon_length=3, **overrides):
-    """FBRAC config with tiny networks and few flow steps."""
-    from agents.fbrac import get_config
-
-    settings = dict(horizon_length=horizon_length, actor_hidden_dims=(16, 16), value_hidden_dims=(16, 16), num_qs=3,
-                    flow_steps=3, batch_size=16, alpha=1.0)  # fmt: skip
-    return _tiny_config(get_config, settings, overrides)
-
-
-def tiny_ifql_config(horizon_length=3, **overrides):
-    """IFQL config with tiny networks, few flow steps and few samples."""
-    from agents.ifql import get_config
-
-    settings = dict(horizon_length=horizon_length, actor_hidden_dims=(16, 16), value_hidden_dims=(16, 16), num_qs=3,
-                    flow_steps=3, batch_size=16, num_samples=4)  # fmt: skip
-    return _tiny_config(get_config, settings, overrides)
-
-
-def tiny_bam_config(horizon_length=3, **overrides):
-    """BAM config with tiny networks and few SDE steps."""
-    from agents.bam import get_config
-
-    settings = dict(horizon_length=horizon_length, actor_hidden_dims=(16, 16), value_hidden_dims=(16, 16), num_qs=3,
-                    flow_steps=3, batch_size=16, inv_temp=10.0)  # fmt: skip
-    return _tiny_config(get_config, settings, overrides)
-
-
-def tiny_fawac_config(horizon_length=3, **overrides):
-    """FAWAC config with tiny networks and few flow steps."""
-    from agents.fawac import get_config
-
-    settings = dict(horizon_length=horizon_length, actor_hidden_dims=(16, 16), value_hidden_dims=(16, 16), num_qs=3,
-                    flow_steps=3, batch_size=16, inv_temp=0.8)  # fmt: skip
-    return _tiny_config(get_config, settings, overrides)
+    return tiny_config('qam', horizon_length, **overrides)
 
 
 def tiny_acfql_config(horizon_length=3, **overrides):

@@ -6,9 +6,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import random_dataset, tiny_bam_config, tiny_fawac_config
+from helpers import random_dataset, tiny_config
 
-from agents import bam, fawac
+from agents import agents, bam, fawac
 from utils.config_rules import check_config
 from utils.errors import UsageError
 
@@ -22,9 +22,8 @@ def dataset():
 
 
 def make(dataset, module, **overrides):
-    tiny = tiny_bam_config if module is bam else tiny_fawac_config
-    cls = bam.BAMAgent if module is bam else fawac.FAWACAgent
-    return cls.create(0, dataset['observations'][0], dataset['actions'][0], tiny(horizon_length=H, **overrides))
+    config = tiny_config(module.__name__.split('.')[-1], horizon_length=H, **overrides)
+    return agents[config.agent_name].create(0, dataset['observations'][0], dataset['actions'][0], config)
 
 
 def perturbed(agent, *modules, scale=0.3, seed=1):
@@ -132,10 +131,10 @@ def test_batch_update_equals_sequential_updates(dataset, module):
 
 
 def test_bad_settings_are_refused():
-    cases = [(bam, tiny_bam_config, [('inv_temp', -1.0), ('best_of_n', 0)]),
-             (fawac, tiny_fawac_config, [('inv_temp', -1.0), ('flow_steps', 0)])]  # fmt: skip
-    for module, tiny, bad in cases:
-        config = dict(tiny())
+    cases = [(bam, [('inv_temp', -1.0), ('best_of_n', 0)]),
+             (fawac, [('inv_temp', -1.0), ('flow_steps', 0)])]  # fmt: skip
+    for module, bad in cases:
+        config = dict(tiny_config(module.__name__.split('.')[-1]))
         for key, value in bad:
             with pytest.raises(UsageError, match=key):
                 check_config({**config, key: value}, module.CONFIG_RULES, 'agents/x.py')

@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import random_dataset, tiny_cgql_config
+from helpers import random_dataset, tiny_config
 
 from agents.cgql import CONFIG_RULES, CGQLAgent, paper_method
 from utils.config_rules import check_config
@@ -22,7 +22,7 @@ def dataset():
 
 
 def make_agent(dataset, seed=0, **overrides):
-    config = tiny_cgql_config(horizon_length=H, **overrides)
+    config = tiny_config('cgql', horizon_length=H, **overrides)
     return CGQLAgent.create(seed, dataset['observations'][0], dataset['actions'][0], config)
 
 
@@ -104,7 +104,7 @@ def test_batch_update_equals_sequential_updates(dataset):
 def test_names_and_bad_settings(dataset):
     assert [paper_method({'mode': m}) for m in ('simple', 'mse', 'linex')] == ['CGQL', 'CGQL-M', 'CGQL-L']
     assert paper_method({'mode': 'simple'}, 'qc') is None
-    config = dict(tiny_cgql_config())
+    config = dict(tiny_config('cgql'))
     for key, value in [('mode', 'huber'), ('guidance_coef', -1.0), ('isd_clip', 0.0)]:
         with pytest.raises(UsageError, match=key):
             check_config({**config, key: value}, CONFIG_RULES, 'agents/cgql.py')

@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import random_dataset, tiny_dcgql_config
+from helpers import random_dataset, tiny_config
 
 from agents.dcgql import CONFIG_RULES, DCGQLAgent, paper_method
 from utils.config_rules import check_config
@@ -22,7 +22,7 @@ def dataset():
 
 
 def make_agent(dataset, seed=0, **overrides):
-    config = tiny_dcgql_config(horizon_length=H, **overrides)
+    config = tiny_config('dcgql', horizon_length=H, **overrides)
     return DCGQLAgent.create(seed, dataset['observations'][0], dataset['actions'][0], config)
 
 
@@ -126,7 +126,7 @@ def test_batch_update_equals_sequential_updates(dataset):
 def test_names_and_bad_settings(dataset):
     assert paper_method({'actor_loss_type': 'qsm'}) == 'QSM' and paper_method({'actor_loss_type': 'dac'}) == 'DAC'
     assert paper_method({'actor_loss_type': 'dac'}, 'qc') is None
-    config = dict(tiny_dcgql_config())
+    config = dict(tiny_config('dcgql'))
     for key, value in [('actor_loss_type', 'awr'), ('beta_schedule', 'sigmoid'), ('diffusion_steps', 0),
                        ('alpha', -1.0)]:  # fmt: skip
         with pytest.raises(UsageError, match=key):

@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import random_dataset, tiny_dsrl_config
+from helpers import random_dataset, tiny_config
 
 from agents.dsrl import CONFIG_RULES, DSRLAgent
 from utils.config_rules import check_config
@@ -22,7 +22,7 @@ def dataset():
 
 
 def make_agent(dataset, seed=0, **overrides):
-    config = tiny_dsrl_config(horizon_length=H, **overrides)
+    config = tiny_config('dsrl', horizon_length=H, **overrides)
     return DSRLAgent.create(seed, dataset['observations'][0], dataset['actions'][0], config)
 
 
@@ -114,7 +114,7 @@ def test_temperature_and_bad_settings(dataset):
     grads = jax.grad(lambda p: agent.actor_loss(batch, p, jax.random.PRNGKey(0))[0])(agent.network.params)
     assert float(grads['modules_temp']['log_temp']) > 0  # entropy above target: alpha goes down
     assert make_agent(dataset).config['target_entropy'] == -0.5 * D
-    config = dict(tiny_dsrl_config())
+    config = dict(tiny_config('dsrl'))
     for key, value in [('noise_scale', -1.0), ('best_of_n', 0), ('flow_steps', 0)]:
         with pytest.raises(UsageError, match=key):
             check_config({**config, key: value}, CONFIG_RULES, 'agents/dsrl.py')

@@ -5,9 +5,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import random_dataset, tiny_fbrac_config, tiny_ifql_config
+from helpers import random_dataset, tiny_config
 
-from agents import fbrac, ifql
+from agents import agents, fbrac, ifql
 from utils.config_rules import check_config
 from utils.errors import UsageError
 
@@ -21,9 +21,8 @@ def dataset():
 
 
 def make(dataset, module, **overrides):
-    tiny = tiny_fbrac_config if module is fbrac else tiny_ifql_config
-    cls = fbrac.FBRACAgent if module is fbrac else ifql.IFQLAgent
-    return cls.create(0, dataset['observations'][0], dataset['actions'][0], tiny(horizon_length=H, **overrides))
+    config = tiny_config(module.__name__.split('.')[-1], horizon_length=H, **overrides)
+    return agents[config.agent_name].create(0, dataset['observations'][0], dataset['actions'][0], config)
 
 
 def max_abs(tree):
@@ -103,10 +102,10 @@ def test_batch_update_equals_sequential_updates(dataset, module):
 
 
 def test_bad_settings_are_refused():
-    cases = [(fbrac, tiny_fbrac_config, [('alpha', 0.0), ('best_of_n', 0)]),
-             (ifql, tiny_ifql_config, [('kappa', 1.5), ('num_samples', 0)])]  # fmt: skip
-    for module, tiny, bad in cases:
-        config = dict(tiny())
+    cases = [(fbrac, [('alpha', 0.0), ('best_of_n', 0)]),
+             (ifql, [('kappa', 1.5), ('num_samples', 0)])]  # fmt: skip
+    for module, bad in cases:
+        config = dict(tiny_config(module.__name__.split('.')[-1]))
         for key, value in bad:
             with pytest.raises(UsageError, match=key):
                 check_config({**config, key: value}, module.CONFIG_RULES, 'agents/x.py')

@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import random_dataset, tiny_fedit_config
+from helpers import random_dataset, tiny_config
 
 from agents.fedit import CONFIG_RULES, FEditAgent
 from utils.config_rules import check_config
@@ -21,7 +21,7 @@ def dataset():
 
 
 def make_agent(dataset, seed=0, **overrides):
-    config = tiny_fedit_config(horizon_length=H, **overrides)
+    config = tiny_config('fedit', horizon_length=H, **overrides)
     return FEditAgent.create(seed, dataset['observations'][0], dataset['actions'][0], config)
 
 
@@ -143,7 +143,7 @@ def test_batch_update_equals_sequential_updates(dataset):
 
 
 def test_bad_settings_are_refused():
-    config = dict(tiny_fedit_config())
+    config = dict(tiny_config('fedit'))
     for key, value in [('edit_scale', -0.1), ('best_of_n', 0), ('rho', -1.0)]:
         with pytest.raises(UsageError, match=key):
             check_config({**config, key: value}, CONFIG_RULES, 'agents/fedit.py')

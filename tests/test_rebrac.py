@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import random_dataset, tiny_rebrac_config
+from helpers import random_dataset, tiny_config
 
 from agents.rebrac import CONFIG_RULES, ReBRACAgent
 from utils.config_rules import check_config
@@ -22,7 +22,7 @@ def dataset():
 
 
 def make_agent(dataset, seed=0, **overrides):
-    config = tiny_rebrac_config(horizon_length=H, **overrides)
+    config = tiny_config('rebrac', horizon_length=H, **overrides)
     return ReBRACAgent.create(seed, dataset['observations'][0], dataset['actions'][0], config)
 
 
@@ -96,7 +96,7 @@ def test_acting_adds_clipped_noise(dataset):
 
 
 def test_bad_settings_are_refused():
-    config = dict(tiny_rebrac_config())
+    config = dict(tiny_config('rebrac'))
     for key, value in [('actor_freq', 0), ('alpha_actor', -0.1), ('actor_noise', -1.0)]:
         with pytest.raises(UsageError, match=key):
             check_config({**config, key: value}, CONFIG_RULES, 'agents/rebrac.py')
