@@ -1,16 +1,16 @@
 """The QAM paper's baselines on the run layer: each trains with main.py offline then online on generated cube data
-with two seeds in one process, follows the QAM paper's protocol by default and is named as that paper names it."""
+with two seeds in one process, follows the QAM paper's protocol by default and is named as that paper names it.
+
+Each method is its own main.py process: run one after another in one test process, these trainings segfaulted inside
+JAX's persistent compilation-cache write (a different method each time; each passes alone).
+"""
 
 import glob
 import json
 import os
 
 import pytest
-from helpers import parse_run, read_csv
-
-import main
-from agents import agents
-from training import Trainer
+from helpers import read_csv, run_driver
 
 ENV_NAME = 'cube-single-play-singletask-task2-v0'
 TINY = ['--agent.actor_hidden_dims=(16,16)', '--agent.value_hidden_dims=(16,16)', '--agent.batch_size=8',
@@ -34,22 +34,17 @@ BASELINES = {
 }
 
 
-# Skipped: in the full suite, the worker that runs these ten in-process trainings segfaults inside JAX's persistent
-# compilation-cache write (a different method each time; every one passes alone). To be run in subprocesses or fixed
-# before it is turned back on.
-@pytest.mark.skip(reason="segfaults in JAX's compilation-cache write after many in-process trainings (issue 47)")
+@pytest.mark.slow
 @pytest.mark.parametrize('method', list(BASELINES))
-def test_a_baseline_trains_offline_then_online_with_two_seeds(data_dir, tmp_path, monkeypatch, method):
-    monkeypatch.setenv('WANDB_MODE', 'disabled')
+def test_a_baseline_trains_offline_then_online_with_two_seeds(data_dir, tmp_path, method):
     agent, keys, loss = BASELINES[method]
     args = [
         f'--agent={agent}', f'--env_name={ENV_NAME}', f'--dataset_dir={data_dir}', f'--save_dir={tmp_path}', *TINY,
         *keys, '--seeds=0,1', '--offline_steps=6', '--online_steps=6', '--start_training=3', '--eval_interval=6',
         '--log_interval=3',
     ]  # fmt: skip
-    run = parse_run(main.PRESET, args)
-    assert run.protocol == 'qam' and run.flag_record['paper_method'] == method
-    Trainer(run, agents).train()
+    proc = run_driver('main.py', args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
     run_dirs = sorted(glob.glob(os.path.join(tmp_path, 'Debug', '*')))
     assert len(run_dirs) == 2
     for run_dir in run_dirs:
@@ -58,6 +53,7 @@ def test_a_baseline_trains_offline_then_online_with_two_seeds(data_dir, tmp_path
             assert rows and {'critic/critic_loss', loss} <= set(rows[0]), name
         assert [int(r['step']) for r in read_csv(os.path.join(run_dir, 'eval.csv'))] == [6, 12]
         with open(os.path.join(run_dir, 'flags.json')) as f:
-            assert json.load(f)['paper_method'] == method
+            flags = json.load(f)
+        assert flags['paper_method'] == method and flags['protocol'] == 'qam'  # --protocol=auto: the agent's paper
     losses = {read_csv(os.path.join(d, 'offline_agent.csv'))[0]['critic/critic_loss'] for d in run_dirs}
     assert len(losses) == 2  # each seed its own run

@@ -32,9 +32,8 @@ TIME_COLUMNS = ('time/total', 'episode.duration')  # wall-clock values
 # Agents killed and resumed: ACFQL, QAM and one of the QAM paper's baselines (their state is the same three fields;
 # each is a subprocess kill with two more compiles, so not every baseline runs here: the suite's time).
 RESUMED = ('acfql', 'qam', 'dcgql')
-# How few sampling steps each agent takes here (the flow agents: Euler steps; the diffusion agent: denoising steps;
-# ReBRAC's deterministic actor: none).
-STEPS = {'agents/dcgql.py': ['--agent.diffusion_steps=2', '--agent.time_dim=8'], 'agents/rebrac.py': []}
+# How few sampling steps each agent takes here (the flow agents: Euler steps; the diffusion agent: denoising steps).
+STEPS = {'agents/dcgql.py': ['--agent.diffusion_steps=2', '--agent.time_dim=8']}
 
 
 def args_for(data_dir, save_dir, exp_name, *extra):
