@@ -22,8 +22,8 @@ import ml_collections
 
 from utils.config_rules import CHUNKED_CRITIC_RULES, boolean, non_negative, one_of, positive
 from utils.flax_utils import adam, gradient_step, init_network, nonpytree_field, scan_updates, sum_losses
-from utils.flows import best_of_n, chunk_actions, example_chunks, flow_matching_pair
-from utils.networks import aggregate_q, critic_ensemble, flow_field
+from utils.flows import best_of_n, chunk_actions, chunk_td_loss, example_chunks, flow_matching_pair
+from utils.networks import critic_ensemble, flow_field
 
 
 class CGQLAgent(flax.struct.PyTreeNode):
@@ -40,18 +40,10 @@ class CGQLAgent(flax.struct.PyTreeNode):
         observations = batch['observations']
         _, sample_rng, time_rng, noise_rng = jax.random.split(rng, 4)
         t1 = jnp.ones_like(actions[..., :1])  # (B, 1): the clean chunk
-        next_obs = batch['next_observations'][..., -1, :]
-        next_actions = self.sample_actions(next_obs, rng=sample_rng)
-        next_q = aggregate_q(self.network.select('target_critic')(next_obs, next_actions, t1), 'mean',
-                             self.config['rho'])  # fmt: skip
-        discount = self.config['discount'] ** self.config['horizon_length']
-        target_q = batch['rewards'][..., -1] + discount * batch['masks'][..., -1] * next_q  # (B,)
-        q = self.network.select('critic')(observations, actions, t1, params=grad_params)  # (num_qs, B)
-        valid = batch['valid'][..., -1]
-        td_loss = (jnp.square(q - target_q) * valid).mean()
-        info = {'critic_loss': td_loss, 'q_mean': q.mean(), 'q_max': q.max(), 'q_min': q.min()}
+        td_loss, info = chunk_td_loss(self, batch, grad_params, sample_rng, times=t1)
         if self.config['mode'] == 'simple':
             return td_loss, info
+        valid = batch['valid'][..., -1]
 
         t = jax.random.uniform(time_rng, t1.shape)
         noisy = (1 - t) * jax.random.normal(noise_rng, actions.shape) + t * actions  # (B, D)

@@ -19,7 +19,7 @@ import ml_collections
 
 from utils.config_rules import CHUNKED_CRITIC_RULES, non_negative, one_of, positive
 from utils.flax_utils import adam, gradient_step, init_network, nonpytree_field, scan_updates, sum_losses
-from utils.flows import chunk_actions, example_chunks
+from utils.flows import chunk_actions, chunk_td_loss, example_chunks
 from utils.networks import DeterministicActor, aggregate_q, critic_ensemble
 
 
@@ -34,16 +34,8 @@ class ReBRACAgent(flax.struct.PyTreeNode):
         """TD loss of every critic toward the H-step return bootstrapped with mean - rho * std of the target ensemble
         at the target actor's smoothed next chunk; chunks that run past an episode end are left out."""
         _, noise_rng = jax.random.split(rng)
-        next_obs = batch['next_observations'][..., -1, :]
-        next_actions = self._smoothed(self.network.select('target_actor')(next_obs), noise_rng)  # (B, D)
-        next_q = aggregate_q(self.network.select('target_critic')(next_obs, next_actions), 'mean', self.config['rho'])
-        discount = self.config['discount'] ** self.config['horizon_length']
-        target_q = batch['rewards'][..., -1] + discount * batch['masks'][..., -1] * next_q  # (B,)
-
-        actions = chunk_actions(batch['actions'], self.config['action_chunking'])  # (B, D), D = H * A or A
-        q = self.network.select('critic')(batch['observations'], actions, params=grad_params)  # (num_qs, B)
-        loss = (jnp.square(q - target_q) * batch['valid'][..., -1]).mean()
-        return loss, {'critic_loss': loss, 'q_mean': q.mean(), 'q_max': q.max(), 'q_min': q.min()}
+        next_actions = self.network.select('target_actor')(batch['next_observations'][..., -1, :])  # (B, D)
+        return chunk_td_loss(self, batch, grad_params, None, next_actions=self._smoothed(next_actions, noise_rng))
 
     def actor_loss(self, batch, grad_params, rng):
         """-Q(s, a(s)) / E|Q| (the scale held fixed) plus alpha_actor |a(s) - a_data|^2 on chunks inside one episode."""

@@ -182,8 +182,10 @@ def gradient_step(agent, batch, targets=('critic',), target_period=1):
     moves = agent.network.step % target_period == 0  # `step` counts updates from 1
     for name in targets:
         params = target_update(network, name, agent.config['tau'], source_params=agent.network.params)
-        if target_period > 1:
-            params = jax.tree_util.tree_map(lambda new, old: jnp.where(moves, new, old), params, network.params)
+        if target_period > 1:  # keep the old target on the other updates (only that module's leaves are selected)
+            key = f'modules_target_{name}'
+            params[key] = jax.tree_util.tree_map(lambda new, old: jnp.where(moves, new, old), params[key],
+                                                 network.params[key])  # fmt: skip
         network = network.replace(params=params)
     return agent.replace(network=network, rng=new_rng), info
 

@@ -87,20 +87,23 @@ def best_of_n(candidates, q):
     return jnp.take_along_axis(candidates, best[..., None, None], axis=-2)[..., 0, :]
 
 
-def chunk_td_loss(agent, batch, grad_params, rng, q_agg='mean'):
+def chunk_td_loss(agent, batch, grad_params, rng, q_agg='mean', next_actions=None, times=None):
     """QC's chunked TD loss: every critic of `agent`'s ensemble regresses onto the H-step return bootstrapped with
     the target ensemble's aggregate (`q_agg`, minus `config['rho']` times its std) at the policy's next chunk
-    (`agent.sample_actions` on the last next observation); chunks that run past an episode end are left out
-    (`valid[..., -1]`). Returns (loss, info)."""
+    (`agent.sample_actions` on the last next observation with `rng`, unless `next_actions` gives them); chunks that
+    run past an episode end are left out (`valid[..., -1]`). `times` (B, 1), when given, is a further input of both
+    critics (a time-conditioned critic). Returns (loss, info)."""
     config = agent.config
     actions = chunk_actions(batch['actions'], config['action_chunking'])  # (B, H * A) or (B, A)
     last_next_obs = batch['next_observations'][..., -1, :]
-    next_actions = agent.sample_actions(last_next_obs, rng=rng)
-    next_qs = agent.network.select('target_critic')(last_next_obs, next_actions)  # (num_qs, B)
+    if next_actions is None:
+        next_actions = agent.sample_actions(last_next_obs, rng=rng)
+    critic_times = () if times is None else (times,)
+    next_qs = agent.network.select('target_critic')(last_next_obs, next_actions, *critic_times)  # (num_qs, B)
     next_q = aggregate_q(next_qs, q_agg, config['rho'])
     discount = config['discount'] ** config['horizon_length']
     target_q = batch['rewards'][..., -1] + discount * batch['masks'][..., -1] * next_q
 
-    q = agent.network.select('critic')(batch['observations'], actions, params=grad_params)  # (num_qs, B)
+    q = agent.network.select('critic')(batch['observations'], actions, *critic_times, params=grad_params)  # (num_qs, B)
     critic_loss = (jnp.square(q - target_q) * batch['valid'][..., -1]).mean()
     return critic_loss, {'critic_loss': critic_loss, 'q_mean': q.mean(), 'q_max': q.max(), 'q_min': q.min()}
