@@ -21,6 +21,7 @@ from utils.config_rules import CHUNKED_CRITIC_RULES, boolean, non_negative, one_
 from utils.flax_utils import adam, gradient_step, init_network, nonpytree_field, scan_updates, sum_losses
 from utils.flows import (
     best_of_n,
+    candidates,
     chunk_actions,
     chunk_td_loss,
     example_chunks,
@@ -95,10 +96,8 @@ class BAMAgent(flax.struct.PyTreeNode):
         """Chunks (..., H * A) (or single actions (..., A)) of the fine-tuned flow (on its base when `residual`; the
         BC flow at inv_temp = 0), the critic's best of `best_of_n` per observation."""
         rng = rng if rng is not None else self.rng
-        batch_shape = observations.shape[: observations.ndim - len(self.config['ob_dims'])]
-        n = self.config['best_of_n']
-        noises = jax.random.normal(rng, (*batch_shape, n, self.config['full_action_dim']))  # (..., N, D)
-        obs_rep = jnp.repeat(jnp.expand_dims(observations, len(batch_shape)), n, axis=len(batch_shape))
+        # (..., N, *obs), (..., N, D)
+        obs_rep, noises = candidates(observations, self.config, self.config['best_of_n'], rng)
         if self.config['inv_temp'] == 0:
             flows = ('actor_slow',)
         else:

@@ -22,7 +22,7 @@ import ml_collections
 
 from utils.config_rules import CHUNKED_CRITIC_RULES, boolean, non_negative, one_of, positive
 from utils.flax_utils import adam, gradient_step, init_network, nonpytree_field, scan_updates, sum_losses
-from utils.flows import best_of_n, chunk_actions, chunk_td_loss, example_chunks, flow_matching_pair
+from utils.flows import best_of_n, candidates, chunk_actions, chunk_td_loss, example_chunks, flow_matching_pair
 from utils.networks import critic_ensemble, flow_field
 
 
@@ -117,10 +117,8 @@ class CGQLAgent(flax.struct.PyTreeNode):
     def sample_actions(self, observations, rng=None):
         """Guided chunks (..., H * A) (or single actions (..., A)), the critic's best (at t = 1) of `best_of_n`."""
         rng = rng if rng is not None else self.rng
-        batch_shape = observations.shape[: observations.ndim - len(self.config['ob_dims'])]
-        n = self.config['best_of_n']
-        noises = jax.random.normal(rng, (*batch_shape, n, self.config['full_action_dim']))  # (..., N, D)
-        obs_rep = jnp.repeat(jnp.expand_dims(observations, len(batch_shape)), n, axis=len(batch_shape))
+        # (..., N, *obs), (..., N, D)
+        obs_rep, noises = candidates(observations, self.config, self.config['best_of_n'], rng)
         actions = self.compute_flow_actions(obs_rep, noises)
         q = self.network.select('critic')(obs_rep, actions, jnp.ones_like(actions[..., :1])).mean(axis=0)
         return best_of_n(actions, q)

@@ -17,7 +17,15 @@ import ml_collections
 
 from utils.config_rules import CHUNKED_CRITIC_RULES, one_of, positive
 from utils.flax_utils import adam, gradient_step, init_network, nonpytree_field, scan_updates, sum_losses
-from utils.flows import best_of_n, chunk_actions, chunk_td_loss, euler_flow, example_chunks, flow_matching_pair
+from utils.flows import (
+    best_of_n,
+    candidates,
+    chunk_actions,
+    chunk_td_loss,
+    euler_flow,
+    example_chunks,
+    flow_matching_pair,
+)
 from utils.networks import critic_ensemble, flow_field
 
 
@@ -85,10 +93,8 @@ class FBRACAgent(flax.struct.PyTreeNode):
     def sample_actions(self, observations, rng=None):
         """Flow chunks (..., H * A) (or single actions (..., A)), the critic's best of `best_of_n` per observation."""
         rng = rng if rng is not None else self.rng
-        batch_shape = observations.shape[: observations.ndim - len(self.config['ob_dims'])]
-        n = self.config['best_of_n']
-        noises = jax.random.normal(rng, (*batch_shape, n, self.config['full_action_dim']))  # (..., N, D)
-        obs_rep = jnp.repeat(jnp.expand_dims(observations, len(batch_shape)), n, axis=len(batch_shape))
+        # (..., N, *obs), (..., N, D)
+        obs_rep, noises = candidates(observations, self.config, self.config['best_of_n'], rng)
         actions = self.compute_flow_actions(obs_rep, noises)
         return best_of_n(actions, self.network.select('critic')(obs_rep, actions).mean(axis=0))
 

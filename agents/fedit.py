@@ -26,7 +26,15 @@ from utils.config_rules import (
 )
 from utils.edit_policy import edit_loss, edit_networks, edit_target_entropy, edited_actions
 from utils.flax_utils import adam, gradient_step, init_network, nonpytree_field, scan_updates, sum_losses
-from utils.flows import best_of_n, chunk_actions, chunk_td_loss, euler_flow, example_chunks, flow_matching_pair
+from utils.flows import (
+    best_of_n,
+    candidates,
+    chunk_actions,
+    chunk_td_loss,
+    euler_flow,
+    example_chunks,
+    flow_matching_pair,
+)
 from utils.networks import critic_ensemble, flow_field
 
 
@@ -95,10 +103,8 @@ class FEditAgent(flax.struct.PyTreeNode):
         chunks moved by the edit policy, the critic's best of `best_of_n` per observation."""
         rng = rng if rng is not None else self.rng
         noise_rng, edit_rng = jax.random.split(rng)
-        batch_shape = observations.shape[: observations.ndim - len(self.config['ob_dims'])]
-        n = self.config['best_of_n']
-        noises = jax.random.normal(noise_rng, (*batch_shape, n, self.config['full_action_dim']))  # (..., N, D)
-        obs_rep = jnp.repeat(jnp.expand_dims(observations, len(batch_shape)), n, axis=len(batch_shape))
+        # (..., N, *obs), (..., N, D)
+        obs_rep, noises = candidates(observations, self.config, self.config['best_of_n'], noise_rng)
         actions = edited_actions(self, obs_rep, self.compute_flow_actions(obs_rep, noises), edit_rng)
         actions = jnp.clip(actions, -1, 1)
         q = self.network.select('critic')(obs_rep, actions).mean(axis=0)  # (..., N)

@@ -17,7 +17,7 @@ import ml_collections
 
 from utils.config_rules import CHUNKED_CRITIC_RULES, fraction, one_of, positive
 from utils.flax_utils import adam, gradient_step, init_network, nonpytree_field, scan_updates, sum_losses
-from utils.flows import best_of_n, chunk_actions, euler_flow, example_chunks, flow_matching_pair
+from utils.flows import best_of_n, candidates, chunk_actions, euler_flow, example_chunks, flow_matching_pair
 from utils.networks import Value, aggregate_q, flow_field
 
 
@@ -94,10 +94,8 @@ class IFQLAgent(flax.struct.PyTreeNode):
         """Chunks (..., H * A) (or single actions (..., A)): of `num_samples` BC flow chunks per observation, the one
         with the highest minimum over the critic ensemble."""
         rng = rng if rng is not None else self.rng
-        batch_shape = observations.shape[: observations.ndim - len(self.config['ob_dims'])]
-        n = self.config['num_samples']
-        noises = jax.random.normal(rng, (*batch_shape, n, self.config['full_action_dim']))  # (..., N, D)
-        obs_rep = jnp.repeat(jnp.expand_dims(observations, len(batch_shape)), n, axis=len(batch_shape))
+        # (..., N, *obs), (..., N, D)
+        obs_rep, noises = candidates(observations, self.config, self.config['num_samples'], rng)
         flow = self.network.select('actor_flow')
         actions = euler_flow(lambda x, t: flow(obs_rep, x, t), noises, self.config['flow_steps'])
         return best_of_n(actions, self.network.select('critic')(obs_rep, actions).min(axis=0))

@@ -32,6 +32,7 @@ from utils.edit_policy import edit_loss, edit_networks, edit_target_entropy, edi
 from utils.flax_utils import adam, gradient_step, init_network, nonpytree_field, scan_updates, sum_losses
 from utils.flows import (
     best_of_n,
+    candidates,
     chunk_actions,
     chunk_td_loss,
     example_chunks,
@@ -186,11 +187,8 @@ class QAMAgent(flax.struct.PyTreeNode):
         """
         rng = rng if rng is not None else self.rng
         noise_rng, edit_rng = jax.random.split(rng)
-        ob_ndim = len(self.config['ob_dims'])
-        batch_shape = observations.shape[: observations.ndim - ob_ndim]
-        n = self.config['best_of_n']
-        noises = jax.random.normal(noise_rng, (*batch_shape, n, self.config['full_action_dim']))  # (..., N, D)
-        obs_rep = jnp.repeat(jnp.expand_dims(observations, len(batch_shape)), n, axis=len(batch_shape))
+        # (..., N, *obs), (..., N, D)
+        obs_rep, noises = candidates(observations, self.config, self.config['best_of_n'], noise_rng)
         if self.config['fql_alpha'] > 0:
             actions = jnp.clip(self.network.select('one_step_actor')(obs_rep, noises), -1, 1)
         else:

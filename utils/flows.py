@@ -81,6 +81,15 @@ def memoryless_sde(fine, base, observations, rng, full_action_dim, num_steps, re
     return xs, ts, penalty
 
 
+def candidates(observations, config, num, rng):
+    """Inputs of best-of-N sampling for observations (..., *obs) (`config['ob_dims']` their shape): the observations
+    repeated on a new candidate axis, (..., N, *obs), and N(0, I) noise (..., N, D), D = `config['full_action_dim']`,
+    drawn from `rng`."""
+    batch_shape = observations.shape[: observations.ndim - len(config['ob_dims'])]
+    noises = jax.random.normal(rng, (*batch_shape, num, config['full_action_dim']))
+    return jnp.repeat(jnp.expand_dims(observations, len(batch_shape)), num, axis=len(batch_shape)), noises
+
+
 def best_of_n(candidates, q):
     """The candidate (..., N, D) with the highest score q (..., N), per leading index: (..., D)."""
     best = jnp.argmax(q, axis=-1)
