@@ -4,8 +4,8 @@
 Most of the suite's time is compiling small agents, often the same program again (every Trainer and every driver
 subprocess compiles its agent anew, and every run of the suite compiles the same programs). A cache keyed by the
 compiled program serves repeats from disk; results are those of the same compiled code, so nothing a test compares
-changes. It lives in `~/.cache/qc-jax/test-xla` (or $JAX_COMPILATION_CACHE_DIR) and is bounded: a cache grown
-past `CACHE_BYTES` is emptied when the suite starts (JAX's own size limit needs the `filelock` package). The
+changes. It lives in `~/.cache/qc-jax/test-xla` (or $JAX_COMPILATION_CACHE_DIR) and is bounded by `CACHE_BYTES`
+(JAX evicts the oldest entries; the bound also turns on its file lock, so no process reads a half-written entry). The
 programs are compiled at XLA's backend optimisation level 0 (below), and agents built alike in one test process
 share their compiled programs (`utils.flax_utils.shared_definition`), so an in-process run after the first traces
 nothing again.
@@ -35,15 +35,16 @@ def _size(path):
 
 
 if 'JAX_COMPILATION_CACHE_DIR' not in os.environ:
-    cache = os.path.join(os.path.expanduser('~'), '.cache', 'qc-jax', 'test-xla')
-    if os.path.isdir(cache) and _size(cache) > CACHE_BYTES:
-        shutil.rmtree(cache, ignore_errors=True)
-    os.environ['JAX_COMPILATION_CACHE_DIR'] = cache
+    os.environ['JAX_COMPILATION_CACHE_DIR'] = os.path.join(os.path.expanduser('~'), '.cache', 'qc-jax', 'test-xla')
+    # A bound: JAX then evicts the oldest entries and locks the cache (`filelock`), so the suite's processes never
+    # read an entry another is writing. Inherited by the driver subprocesses.
+    os.environ['JAX_COMPILATION_CACHE_MAX_SIZE'] = str(CACHE_BYTES)
     os.environ['JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS'] = '0'
     os.environ['JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES'] = '0'
 jax.config.update('jax_compilation_cache_dir', os.environ['JAX_COMPILATION_CACHE_DIR'])
 jax.config.update('jax_persistent_cache_min_compile_time_secs', 0)
 jax.config.update('jax_persistent_cache_min_entry_size_bytes', 0)
+jax.config.update('jax_compilation_cache_max_size', int(os.environ.get('JAX_COMPILATION_CACHE_MAX_SIZE', -1)))
 
 # OGBench's compiled MuJoCo models kept between the suite's processes: each process that makes an environment would
 # otherwise compile its models again (~1 s; loading them takes ~0.15 s).

@@ -4,7 +4,9 @@ written (run directories, data, environments, agents, disk space), then the logs
 
 import dataclasses
 import functools
+import importlib.util
 import os
+import sys
 import tempfile
 
 import jax
@@ -26,6 +28,9 @@ from utils.errors import UsageError
 from utils.guards import check_dataset_matches_env
 
 DEFAULT_COMPILATION_CACHE = '~/.cache/qc-jax/xla'
+# The cache's bound, when $JAX_COMPILATION_CACHE_MAX_SIZE sets none: a bound turns on JAX's file lock, without which
+# a process can read an entry another is still writing (a segfault in XLA's deserialisation).
+COMPILATION_CACHE_BYTES = 16 << 30
 BUILD_THREADS = 8  # Threads that build the other seeds' environments.
 
 
@@ -42,6 +47,12 @@ def use_compilation_cache(path):
         raise UsageError(message) from e
     if jax.config.jax_compilation_cache_dir != path:
         jax.config.update('jax_compilation_cache_dir', path)
+    if jax.config.jax_compilation_cache_max_size == -1:
+        if importlib.util.find_spec('filelock') is None:
+            print('warning: the filelock package is missing, so runs that share the compilation cache may read each '
+                  "other's half-written entries and crash; pip install filelock", file=sys.stderr)  # fmt: skip
+        else:
+            jax.config.update('jax_compilation_cache_max_size', COMPILATION_CACHE_BYTES)
     return path
 
 
