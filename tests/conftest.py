@@ -1,14 +1,14 @@
-"""Suite-wide settings: one persistent JAX compilation cache, shared by the test runs and their driver subprocesses
-(and one of OGBench's compiled MuJoCo models, below).
+"""Suite-wide settings: one persistent JAX compilation cache for the driver subprocesses the tests start (and one of
+OGBench's compiled MuJoCo models, below).
 
-Most of the suite's time is compiling small agents, often the same program again (every Trainer and every driver
-subprocess compiles its agent anew, and every run of the suite compiles the same programs). A cache keyed by the
-compiled program serves repeats from disk; results are those of the same compiled code, so nothing a test compares
-changes. It lives in `~/.cache/qc-jax/test-xla` (or $JAX_COMPILATION_CACHE_DIR) and is bounded by `CACHE_BYTES`
-(JAX evicts the oldest entries; the bound also turns on its file lock, so no process reads a half-written entry). The
-programs are compiled at XLA's backend optimisation level 0 (below), and agents built alike in one test process
-share their compiled programs (`utils.flax_utils.shared_definition`), so an in-process run after the first traces
-nothing again.
+Most of the suite's time is compiling small agents, often the same program again (every driver subprocess compiles
+its agent anew, and every run of the suite compiles the same programs). A cache keyed by the compiled program serves
+repeats from disk; results are those of the same compiled code, so nothing a test compares changes. It lives in
+`~/.cache/qc-jax/test-xla` (or $JAX_COMPILATION_CACHE_DIR) and is bounded by `CACHE_BYTES` (JAX evicts the oldest
+entries; the bound also turns on its file lock, so no process reads a half-written entry). The test processes only
+read it (see below). The programs are compiled at XLA's backend optimisation level 0 (below), and agents built alike
+in one test process share their compiled programs (`utils.flax_utils.shared_definition`), so an in-process run after
+the first traces nothing again.
 """
 
 import gc
@@ -34,17 +34,21 @@ def _size(path):
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
 
 
-if 'JAX_COMPILATION_CACHE_DIR' not in os.environ:
-    os.environ['JAX_COMPILATION_CACHE_DIR'] = os.path.join(os.path.expanduser('~'), '.cache', 'qc-jax', 'test-xla')
-    # A bound: JAX then evicts the oldest entries and locks the cache (`filelock`), so the suite's processes never
-    # read an entry another is writing. Inherited by the driver subprocesses.
-    os.environ['JAX_COMPILATION_CACHE_MAX_SIZE'] = str(CACHE_BYTES)
-    os.environ['JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS'] = '0'
-    os.environ['JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES'] = '0'
+os.environ.setdefault(
+    'JAX_COMPILATION_CACHE_DIR', os.path.join(os.path.expanduser('~'), '.cache', 'qc-jax', 'test-xla')
+)
+# A bound: JAX then evicts the oldest entries and locks the cache (`filelock`), so the driver processes never read an
+# entry another is writing. Inherited by the driver subprocesses, the only processes that write to it (see below).
+os.environ.setdefault('JAX_COMPILATION_CACHE_MAX_SIZE', str(CACHE_BYTES))
+os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0')
+os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES', '0')
 jax.config.update('jax_compilation_cache_dir', os.environ['JAX_COMPILATION_CACHE_DIR'])
-jax.config.update('jax_persistent_cache_min_compile_time_secs', 0)
 jax.config.update('jax_persistent_cache_min_entry_size_bytes', 0)
-jax.config.update('jax_compilation_cache_max_size', int(os.environ.get('JAX_COMPILATION_CACHE_MAX_SIZE', -1)))
+jax.config.update('jax_compilation_cache_max_size', int(os.environ['JAX_COMPILATION_CACHE_MAX_SIZE']))
+# The test processes themselves read it but never write it: in a process that has compiled hundreds of programs,
+# XLA's CPU executable serialisation segfaulted now and then (`put_executable_and_time`, in five of the suite's runs),
+# which a short driver process never did. JAX writes only programs that took at least this long to compile.
+jax.config.update('jax_persistent_cache_min_compile_time_secs', 1e9)
 
 # OGBench's compiled MuJoCo models kept between the suite's processes: each process that makes an environment would
 # otherwise compile its models again (~1 s; loading them takes ~0.15 s).

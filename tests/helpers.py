@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
 import numpy as np
 
@@ -133,6 +134,26 @@ def tiny_acfql_config(horizon_length=3, **overrides):
     return _tiny_config(get_config, settings, overrides)
 
 
+def sequential_updates_with_a_resume(agent, batches, save_dir):
+    """`agent` after one `update` on each of `batches` in turn, and the last info; on the way, checks that an agent
+    saved after the first update (`save_agent`) and restored into a fresh one (`restore_agent_with_file`) goes on
+    bit for bit: all a resumed run needs of an agent (its whole state is in the checkpoint)."""
+    import jax
+
+    from utils.flax_utils import restore_agent_with_file, save_agent
+
+    agent_after, info = agent.update(batches[0])
+    restored = restore_agent_with_file(agent, save_agent(agent_after, str(save_dir), 1))
+    for batch in batches[1:]:
+        agent_after, info = agent_after.update(batch)
+        restored, restored_info = restored.update(batch)
+    ours, theirs = jax.device_get((agent_after, info)), jax.device_get((restored, restored_info))
+    assert jax.tree_util.tree_structure(ours) == jax.tree_util.tree_structure(theirs)
+    for a, b in zip(jax.tree_util.tree_leaves(ours), jax.tree_util.tree_leaves(theirs), strict=True):
+        np.testing.assert_array_equal(a, b)
+    return agent_after, info
+
+
 # A tiny main.py run on the generated cube-single data: 16x16 networks, chunks of 2, one evaluation episode; the
 # tests add its lengths and intervals.
 TINY_CUBE_RUN = (
@@ -177,9 +198,14 @@ def generate_ogbench(out_dir, env_name='cube-single-play-v0', num_episodes=3, ep
     """Writes a tiny OGBench play dataset (and its val split of one episode) made by the project's generator into
     `out_dir` (generated on the first call for these arguments and generator, then copied from `DATA_CACHE`).
     `env`: extra environment variables of the generator (a visual task's renderer)."""
-    args = [f'--env_name={env_name}', f'--num_episodes={num_episodes}', '--num_val_episodes=1',
-            f'--episode_length={episode_length}', '--seed=0',
-            '--workers=1']  # a few short episodes: starting worker processes would take longer than collecting them
+    args = [
+        f'--env_name={env_name}',
+        f'--num_episodes={num_episodes}',
+        '--num_val_episodes=1',
+        f'--episode_length={episode_length}',
+        '--seed=0',
+        '--workers=1',
+    ]  # a few short episodes: starting worker processes would take longer than collecting them
     cached = os.path.join(DATA_CACHE, _data_key(args))
     if not os.path.isdir(cached):
         os.makedirs(DATA_CACHE, exist_ok=True)
@@ -204,6 +230,31 @@ def run_driver(script, args):
     return subprocess.run(
         [sys.executable, script, *args], cwd=ROOT, env=subprocess_env(), capture_output=True, text=True
     )
+
+
+def start_driver(args):
+    """Starts `main.py args` from the repo root without waiting (to signal it); output captured as text."""
+    return subprocess.Popen(
+        [sys.executable, 'main.py', *args], cwd=ROOT, env=subprocess_env(), stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+def wait_for(predicate, proc, timeout=120):
+    """Whether `predicate()` came true within `timeout` seconds while `proc` still ran."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return True
+        if proc.poll() is not None:
+            return False
+        time.sleep(0.05)
+    return False
+
+
+def checkpoint_files(run_dir):
+    """The training checkpoints of a run directory, oldest first."""
+    return sorted(glob.glob(os.path.join(run_dir, 'checkpoints', 'ckpt_*.pkl')))
 
 
 def read_csv(path):

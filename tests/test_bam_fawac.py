@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import random_dataset, tiny_config
+from helpers import random_dataset, sequential_updates_with_a_resume, tiny_config
 
 from agents import agents, bam, fawac
 from utils.config_rules import check_config
@@ -115,12 +115,10 @@ def test_fawac_weights_and_value_by_hand(dataset):
 
 
 @pytest.mark.parametrize('module', [bam, fawac], ids=['bam', 'fawac'])
-def test_batch_update_equals_sequential_updates(dataset, module):
+def test_batch_update_equals_sequential_updates(dataset, module, tmp_path):
     agent = make(dataset, module)
     batches = [dataset.sample_sequence(16, H, 0.99) for _ in range(3)]
-    sequential = agent
-    for batch in batches:
-        sequential, _ = sequential.update(batch)
+    sequential, _ = sequential_updates_with_a_resume(agent, batches, tmp_path)  # and a resume
     fused, _ = agent.batch_update(jax.tree_util.tree_map(lambda *x: np.stack(x), *batches))
     jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
                            fused.network.params, sequential.network.params)  # fmt: skip

@@ -1,16 +1,16 @@
 """The QAM paper's baselines on the run layer: each trains with main.py offline then online on generated cube data
-with two seeds in one process, follows the QAM paper's protocol by default and is named as that paper names it.
-
-Each method is its own main.py process: run one after another in one test process, these trainings segfaulted inside
-JAX's persistent compilation-cache write (a different method each time; each passes alone).
+with two seeds in one process, is killed and resumed, follows the QAM paper's protocol by default and is named as
+that paper names it. That the resumed run is exactly the uninterrupted one is tested for ACFQL and QAM in
+test_resume.py, and for every agent's own state (all a checkpoint holds of it) in each agent's test file
+(`helpers.sequential_updates_with_a_resume`).
 """
 
-import glob
 import json
 import os
+import signal
 
 import pytest
-from helpers import read_csv, run_driver
+from helpers import checkpoint_files, read_csv, run_driver, start_driver, wait_for
 
 ENV_NAME = 'cube-single-play-singletask-task2-v0'
 TINY = ['--agent.actor_hidden_dims=(16,16)', '--agent.value_hidden_dims=(16,16)', '--agent.batch_size=8',
@@ -20,38 +20,46 @@ BASELINES = {
     'FEdit': ('agents/fedit.py', ['--agent.flow_steps=2', '--agent.edit_scale=0.2'], 'actor/edit_q_loss'),
     'ReBRAC': ('agents/rebrac.py', ['--agent.alpha_actor=0.01'], 'actor/bc_loss'),
     'DSRL': ('agents/dsrl.py', ['--agent.flow_steps=2', '--agent.noise_scale=1.0'], 'critic/distill_loss'),
-    # CGQL-L's two-seed fused update segfaulted in JAX's compilation-cache write in the full suite (not alone); its
-    # losses are tested in test_cgql.py, and CGQL runs here.
+    # One driver run per agent file (the suite's time): CGQL-M and CGQL-L are this agent's other modes (their losses
+    # and a resume in test_cgql.py).
     'CGQL': ('agents/cgql.py', ['--agent.flow_steps=2', '--agent.mode=simple', '--agent.inv_temp=10'],
              'critic/critic_loss'),
     'FBRAC': ('agents/fbrac.py', ['--agent.flow_steps=2', '--agent.alpha=0.1'], 'actor/q_loss'),
     'IFQL': ('agents/ifql.py', ['--agent.flow_steps=2', '--agent.num_samples=4'], 'value/value_loss'),
     'BAM': ('agents/bam.py', ['--agent.flow_steps=2', '--agent.inv_temp=10'], 'actor/bam_loss'),
     'FAWAC': ('agents/fawac.py', ['--agent.flow_steps=2', '--agent.inv_temp=0.8'], 'critic/value_loss'),
+    # DAC is this agent with actor_loss_type='dac' (its loss and a resume in test_dcgql.py).
     'QSM': ('agents/dcgql.py', ['--agent.diffusion_steps=2', '--agent.alpha=10'], 'actor/bc_loss'),
-    'DAC': ('agents/dcgql.py', ['--agent.diffusion_steps=2', '--agent.actor_loss_type=dac', '--agent.alpha=3',
-                                '--agent.clip_sampler_before=True'], 'actor/bc_loss'),
 }
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize('method', list(BASELINES))
-def test_a_baseline_trains_offline_then_online_with_two_seeds(data_dir, tmp_path, method):
+def test_a_baseline_trains_offline_then_online_with_two_seeds_and_resumes_after_a_kill(data_dir, tmp_path, method):
     agent, keys, loss = BASELINES[method]
     args = [
         f'--agent={agent}', f'--env_name={ENV_NAME}', f'--dataset_dir={data_dir}', f'--save_dir={tmp_path}', *TINY,
         *keys, '--seeds=0,1', '--offline_steps=6', '--online_steps=6', '--start_training=3', '--eval_interval=6',
-        '--log_interval=3',
+        '--log_interval=3', '--save_interval=3', '--exp_name=run',
     ]  # fmt: skip
-    proc = run_driver('main.py', args)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    run_dirs = sorted(glob.glob(os.path.join(tmp_path, 'Debug', '*')))
-    assert len(run_dirs) == 2
+    run_dirs = [os.path.join(tmp_path, 'Debug', f'run_sd{s}') for s in (0, 1)]
+    proc = start_driver(args)
+    # Killed once both seeds have a checkpoint (step 3; the evaluations and the online phase's compiles follow),
+    # then resumed to the end: the logs are those of one run.
+    assert wait_for(lambda: all(checkpoint_files(d) for d in run_dirs), proc), proc.communicate()[1][-3000:]
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, 'the run ended before it was killed'
+    resumed = run_driver('main.py', [*args, '--resume'])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert 'Resuming run' in resumed.stdout
     for run_dir in run_dirs:
-        for name in ('offline_agent.csv', 'online_agent.csv'):
+        for name, steps in (('offline_agent.csv', [3, 6]), ('online_agent.csv', [9, 12])):
             rows = read_csv(os.path.join(run_dir, name))
-            assert rows and {'critic/critic_loss', loss} <= set(rows[0]), name
+            assert [int(r['step']) for r in rows] == steps, name
+            assert {'critic/critic_loss', loss} <= set(rows[0]), name
         assert [int(r['step']) for r in read_csv(os.path.join(run_dir, 'eval.csv'))] == [6, 12]
+        assert os.path.exists(os.path.join(run_dir, 'finished.json'))
         with open(os.path.join(run_dir, 'flags.json')) as f:
             flags = json.load(f)
         assert flags['paper_method'] == method and flags['protocol'] == 'qam'  # --protocol=auto: the agent's paper

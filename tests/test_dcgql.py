@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import random_dataset, tiny_config
+from helpers import random_dataset, sequential_updates_with_a_resume, tiny_config
 
 from agents.dcgql import CONFIG_RULES, DCGQLAgent, paper_method
 from utils.config_rules import check_config
@@ -108,12 +108,10 @@ def test_the_actor_loss_trains_the_noise_network_only(dataset):
     assert max(float(jnp.abs(g).max()) for g in jax.tree_util.tree_leaves(grads['modules_actor'])) > 0
 
 
-def test_batch_update_equals_sequential_updates(dataset):
+def test_batch_update_equals_sequential_updates(dataset, tmp_path):
     agent = make_agent(dataset, actor_loss_type='dac', clip_sampler_before=True)
     batches = [dataset.sample_sequence(16, H, 0.99) for _ in range(3)]
-    sequential = agent
-    for batch in batches:
-        sequential, info = sequential.update(batch)
+    sequential, info = sequential_updates_with_a_resume(agent, batches, tmp_path)  # and a resume
     fused, fused_info = agent.batch_update(jax.tree_util.tree_map(lambda *x: np.stack(x), *batches))
     jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
                            fused.network.params, sequential.network.params)  # fmt: skip

@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import random_dataset, tiny_config
+from helpers import random_dataset, sequential_updates_with_a_resume, tiny_config
 
 from agents.fedit import CONFIG_RULES, FEditAgent
 from utils.config_rules import check_config
@@ -127,12 +127,10 @@ def test_edit_temperature_moves_toward_the_target_entropy(dataset):
     assert make_agent(dataset).config['edit_target_entropy'] == -0.5 * D
 
 
-def test_batch_update_equals_sequential_updates(dataset):
+def test_batch_update_equals_sequential_updates(dataset, tmp_path):
     agent = make_agent(dataset)
     batches = [dataset.sample_sequence(16, H, 0.99) for _ in range(3)]
-    sequential = agent
-    for batch in batches:
-        sequential, info = sequential.update(batch)
+    sequential, info = sequential_updates_with_a_resume(agent, batches, tmp_path)  # and a resume
     fused, fused_info = agent.batch_update(jax.tree_util.tree_map(lambda *x: np.stack(x), *batches))
     jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
                            fused.network.params, sequential.network.params)  # fmt: skip

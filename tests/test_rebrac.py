@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import random_dataset, tiny_config
+from helpers import random_dataset, sequential_updates_with_a_resume, tiny_config
 
 from agents.rebrac import CONFIG_RULES, ReBRACAgent
 from utils.config_rules import check_config
@@ -62,7 +62,7 @@ def test_actor_loss_by_hand(dataset):
     assert max(float(jnp.abs(g).max()) for g in jax.tree_util.tree_leaves(grads['modules_critic'])) == 0
 
 
-def test_targets_move_on_every_actor_freq_th_update_only(dataset):
+def test_targets_move_on_every_actor_freq_th_update_only(dataset, tmp_path):
     agent = make_agent(dataset, actor_freq=3, tau=0.1)
     batches = [dataset.sample_sequence(16, H, 0.99) for _ in range(3)]
     states = [agent]
@@ -77,9 +77,11 @@ def test_targets_move_on_every_actor_freq_th_update_only(dataset):
         pre = states[2].network.params  # the 3rd moves them by tau toward the params before that update
         expected = jax.tree_util.tree_map(lambda p, t: 0.1 * p + 0.9 * t, pre[f'modules_{name}'], start)
         assert trees_close(states[3].network.params[f'modules_target_{name}'], expected)
-    # Fused: the same count decides.
+    # Fused: the same count decides; and so it does after a restore from a checkpoint (the count is in it).
     fused, _ = agent.batch_update(jax.tree_util.tree_map(lambda *x: np.stack(x), *batches))
     assert trees_close(fused.network.params, states[3].network.params)
+    resumed, _ = sequential_updates_with_a_resume(agent, batches, tmp_path)
+    assert trees_close(resumed.network.params, states[3].network.params)
 
 
 def test_acting_adds_clipped_noise(dataset):
