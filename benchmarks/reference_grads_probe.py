@@ -1,5 +1,6 @@
 """What `benchmarks.reference_grads` computes with one code's agent: losses, infos and gradients of every loss, the
-adjoints (QAM), one `update`, U fused updates and sampled actions, on one fixed batch with fixed keys.
+adjoints (QAM), one `update`, U fused updates and sampled actions, on one fixed batch with fixed keys; and what
+`benchmarks.reference_losses` computes: the infos of many updates on given batches (`trajectory`).
 
 It imports only numpy and JAX, so the reference's process runs it as a script from the reference's checkout
 (`python <this file> --case=... --out=...`, the reference first on PYTHONPATH) and this project imports it; both sides
@@ -155,6 +156,26 @@ def probe(agent, adjoint=None, replay=None, losses=None, driver=None, one_observ
     return out
 
 
+def trajectory(agent, batches, update=None):
+    """The parameters `agent` starts from (`params/`) and its infos over one update per batch of `batches`
+    ({field: (steps, B, ...)}), as {`info/<key>`: (steps,) array}; `update(agent, batch)` where a code's driver calls
+    it differently."""
+    update = update or (lambda a, b: a.update(b))
+    out = flatten(agent.network.params, 'params/')
+    rows = []
+    for i in range(len(batches['observations'])):
+        agent, info = update(agent, {k: v[i] for k, v in batches.items()})
+        rows.append(flatten(jax.device_get(info), 'info/'))
+    out.update({key: np.stack([row[key] for row in rows]) for key in rows[0]})
+    return out
+
+
+def batch_inputs(batches):
+    """The example observation and action `create` gets, and the horizon, from `trajectory`'s batches."""
+    actions = batches['actions']  # (steps, B, H, A)
+    return batches['observations'][0, 0], actions[0, 0, 0], actions.shape[2]
+
+
 def example_inputs():
     """The example observation and action `create` gets."""
     return np.zeros(OBS_DIM, np.float32), np.zeros(ACTION_DIM, np.float32)
@@ -190,6 +211,7 @@ def reference_main():
     parser.add_argument('--module', required=True, help="the reference's agent module, e.g. agents.qam")
     parser.add_argument('--config', required=True, help='JSON of the config keys to set')
     parser.add_argument('--record', action='store_true', help='record the draws (the codes split keys apart)')
+    parser.add_argument('--batches', help="an .npz of batches: `trajectory`'s infos instead of `probe`'s arrays")
     parser.add_argument('--out', required=True)
     args = parser.parse_args()
     import importlib
@@ -197,8 +219,13 @@ def reference_main():
     module = importlib.import_module(args.module)
     config = module.get_config()
     config.update({k: tuple(v) if isinstance(v, list) else v for k, v in json.loads(args.config).items()})
-    config['horizon_length'] = HORIZON
     cls = next(v for k, v in vars(module).items() if k.endswith('Agent') and k != 'Agent')
+    if args.batches:
+        batches = dict(np.load(args.batches))
+        observation, action, config['horizon_length'] = batch_inputs(batches)
+        np.savez(args.out, **trajectory(cls.create(SEED, observation, action, config), batches))
+        return
+    config['horizon_length'] = HORIZON
     agent = cls.create(SEED, *example_inputs(), config)
     adjoint = (lambda a, obs, key: a.adj_matching(obs, key)) if hasattr(agent, 'adj_matching') else None
     out = probe(agent, adjoint, replay={} if args.record else None, **reference_calls(config))

@@ -428,11 +428,21 @@ def main(argv=None):
     parser.add_argument('--quick', action='store_true', help='tiny sizes and few iterations (CI smoke run)')
     parser.add_argument('--out', default='benchmarks/results.json', help='where to write the JSON results')
     parser.add_argument('--only', default=','.join(SECTIONS), help=f'comma-separated sections of {SECTIONS}')
+    parser.add_argument('--agents', default='', help="the updates section's agents, comma-separated names of "
+                        "benchmarks.common.AGENTS (default: the run's, all of them on a CPU)")  # fmt: skip
+    parser.add_argument('--sizes', default='', help="the updates section's sizes, comma-separated (default: the "
+                        "run's)")  # fmt: skip
     args = parser.parse_args(argv)
     sections = [s.strip() for s in args.only.split(',') if s.strip()]
     unknown = sorted(set(sections) - set(SECTIONS))
     if unknown:
         parser.error(f'unknown sections {unknown}; choose from {SECTIONS}')
+    from benchmarks.common import AGENTS, SIZES
+
+    agents = [a.strip() for a in args.agents.split(',') if a.strip()]
+    sizes = [s.strip() for s in args.sizes.split(',') if s.strip()]
+    if sorted(set(agents) - set(AGENTS)) or sorted(set(sizes) - set(SIZES)):
+        parser.error(f'--agents are of {list(AGENTS)}, --sizes of {list(SIZES)}')
 
     os.environ.setdefault('JAX_PLATFORMS', 'cpu')
     import jax
@@ -440,6 +450,7 @@ def main(argv=None):
     from benchmarks import common
 
     cfg = settings(args.quick, accelerator=jax.default_backend() != 'cpu')
+    cfg.update({k: tuple(v) for k, v in (('update_agents', agents), ('sizes', sizes)) if v})
     started = time.perf_counter()
     results = dict(
         command=' '.join(['python -m benchmarks.run', *(argv if argv is not None else sys.argv[1:])]),

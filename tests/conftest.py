@@ -1,14 +1,14 @@
-"""Suite-wide settings: one persistent JAX compilation cache for the driver subprocesses the tests start (and one of
-OGBench's compiled MuJoCo models, below).
+"""Suite-wide settings: one persistent JAX compilation cache, shared by the test processes and the driver
+subprocesses they start (and one of OGBench's compiled MuJoCo models, below).
 
 Most of the suite's time is compiling small agents, often the same program again (every driver subprocess compiles
 its agent anew, and every run of the suite compiles the same programs). A cache keyed by the compiled program serves
 repeats from disk; results are those of the same compiled code, so nothing a test compares changes. It lives in
 `~/.cache/qc-jax/test-xla` (or $JAX_COMPILATION_CACHE_DIR) and is bounded by `CACHE_BYTES` (JAX evicts the oldest
-entries; the bound also turns on its file lock, so no process reads a half-written entry). The test processes only
-read it (see below). The programs are compiled at XLA's backend optimisation level 0 (below), and agents built alike
-in one test process share their compiled programs (`utils.flax_utils.shared_definition`), so an in-process run after
-the first traces nothing again.
+entries; the bound also turns on its file lock, so no process reads a half-written entry). The programs are compiled
+at XLA's backend optimisation level 0 (below), and agents built alike in one test file share their compiled programs
+(`utils.flax_utils.shared_definition`), so an in-process run after the first traces nothing again; after each file
+they are let go (`_release_compiled_programs`).
 """
 
 import gc
@@ -38,17 +38,14 @@ os.environ.setdefault(
     'JAX_COMPILATION_CACHE_DIR', os.path.join(os.path.expanduser('~'), '.cache', 'qc-jax', 'test-xla')
 )
 # A bound: JAX then evicts the oldest entries and locks the cache (`filelock`), so the driver processes never read an
-# entry another is writing. Inherited by the driver subprocesses, the only processes that write to it (see below).
+# entry another is writing. Inherited by the driver subprocesses.
 os.environ.setdefault('JAX_COMPILATION_CACHE_MAX_SIZE', str(CACHE_BYTES))
 os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0')
 os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES', '0')
 jax.config.update('jax_compilation_cache_dir', os.environ['JAX_COMPILATION_CACHE_DIR'])
+jax.config.update('jax_persistent_cache_min_compile_time_secs', 0)
 jax.config.update('jax_persistent_cache_min_entry_size_bytes', 0)
 jax.config.update('jax_compilation_cache_max_size', int(os.environ['JAX_COMPILATION_CACHE_MAX_SIZE']))
-# The test processes themselves read it but never write it: in a process that has compiled hundreds of programs,
-# XLA's CPU executable serialisation segfaulted now and then (`put_executable_and_time`, in five of the suite's runs),
-# which a short driver process never did. JAX writes only programs that took at least this long to compile.
-jax.config.update('jax_persistent_cache_min_compile_time_secs', 1e9)
 
 # OGBench's compiled MuJoCo models kept between the suite's processes: each process that makes an environment would
 # otherwise compile its models again (~1 s; loading them takes ~0.15 s).
@@ -57,6 +54,17 @@ if MODEL_CACHE_ENV not in os.environ:
     if os.path.isdir(models) and _size(models) > CACHE_BYTES:
         shutil.rmtree(models, ignore_errors=True)
     os.environ[MODEL_CACHE_ENV] = models
+
+
+@pytest.fixture(autouse=True, scope='module')
+def _release_compiled_programs():
+    """Each test file's compiled programs are let go after it: every compiled XLA:CPU program holds memory maps, and
+    a worker that kept the hundreds the suite compiles passed the kernel's limit (`vm.max_map_count`, 65,530 here;
+    about 48,000 after 100 agent tests) and segfaulted in whatever mapped memory next (a compile, a cache read or
+    write). Tests in one file still share their programs; the next files load theirs from the persistent cache."""
+    yield
+    jax.clear_caches()
+    gc.collect()
 
 
 @pytest.fixture
