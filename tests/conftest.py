@@ -7,8 +7,8 @@ repeats from disk; results are those of the same compiled code, so nothing a tes
 `~/.cache/qc-jax/test-xla` (or $JAX_COMPILATION_CACHE_DIR) and is bounded by `CACHE_BYTES` (JAX evicts the oldest
 entries; the bound also turns on its file lock, so no process reads a half-written entry). The programs are compiled
 at XLA's backend optimisation level 0 (below), and agents built alike in one test file share their compiled programs
-(`utils.flax_utils.shared_definition`), so an in-process run after the first traces nothing again; after each file
-they are let go (`_release_compiled_programs`).
+(`utils.flax_utils.shared_definition`), so an in-process run after the first traces nothing again; they are let go
+when a process holds too many (`_release_compiled_programs`).
 """
 
 import gc
@@ -56,15 +56,29 @@ if MODEL_CACHE_ENV not in os.environ:
     os.environ[MODEL_CACHE_ENV] = models
 
 
+# Memory maps a test process may hold before it lets go of its compiled programs (the kernel's limit is
+# `vm.max_map_count`, 65,530 by default).
+MAX_MAPS = 25_000
+
+
+def _memory_maps():
+    try:
+        with open('/proc/self/maps') as f:
+            return sum(1 for _ in f)
+    except OSError:  # not Linux: no such limit to watch
+        return 0
+
+
 @pytest.fixture(autouse=True, scope='module')
 def _release_compiled_programs():
-    """Each test file's compiled programs are let go after it: every compiled XLA:CPU program holds memory maps, and
-    a worker that kept the hundreds the suite compiles passed the kernel's limit (`vm.max_map_count`, 65,530 here;
-    about 48,000 after 100 agent tests) and segfaulted in whatever mapped memory next (a compile, a cache read or
-    write). Tests in one file still share their programs; the next files load theirs from the persistent cache."""
+    """After a test file, a process holding more than `MAX_MAPS` memory maps lets go of its compiled programs:
+    every compiled XLA:CPU program holds maps, and a worker that kept the hundreds the suite compiles passed the
+    kernel's limit (about 48,000 maps after 100 agent tests) and segfaulted in whatever mapped memory next (a
+    compile, a cache read or write). Below it, later files reuse the programs in memory."""
     yield
-    jax.clear_caches()
-    gc.collect()
+    if _memory_maps() > MAX_MAPS:
+        jax.clear_caches()
+        gc.collect()
 
 
 @pytest.fixture
