@@ -157,9 +157,9 @@ def finished(work_dir, code, seed, last_step):
     return path is not None and last_step in read_curve(path)
 
 
-def prepare(args):
-    """The data (generated when missing), the reference's private HOME and its stub modules."""
-    data_dir = os.path.abspath(args.data_dir)
+def generate_data(data_dir):
+    """OGBench's cube-single play data (`DATA_EPISODES` episodes, `envs.generate_ogbench`) in `data_dir`, unless it
+    is there already."""
     if not os.path.exists(os.path.join(data_dir, f'{DATASET}.npz')):
         print(f'generating {DATASET} ({DATA_EPISODES} episodes) in {data_dir}', flush=True)
         subprocess.run(
@@ -167,6 +167,12 @@ def prepare(args):
              f'--num_episodes={DATA_EPISODES}', f'--save_dir={data_dir}'],
             cwd=ROOT, check=True, stderr=subprocess.DEVNULL,
         )  # fmt: skip
+
+
+def prepare(args):
+    """The data (generated when missing), the reference's private HOME and its stub modules."""
+    data_dir = os.path.abspath(args.data_dir)
+    generate_data(data_dir)
     home = os.path.join(args.work_dir, 'reference_home')
     links = os.path.join(home, '.ogbench', 'data')
     os.makedirs(links, exist_ok=True)

@@ -230,19 +230,25 @@ def our_config(agent_name, shared, extra):
     return agents[agent_name], config
 
 
-def run_case(name, reference, work_dir):
-    agent_name, their_module, shared, extra = CASES[name]
-    record = agent_name in ('acfql', 'acrlpd')  # the QC reference's key splits; the others split as theirs
-    out = os.path.join(work_dir, f'{"".join(c if c.isalnum() else "_" for c in name)}.npz')
+def run_reference(name, reference, their_module, keys, out, *args):
+    """The arrays `reference_grads_probe.py` writes for their agent `their_module` with config `keys` (and `args`),
+    run in its own process from the checkout `reference` (theirs first on PYTHONPATH)."""
     argv = [
         sys.executable, os.path.join(ROOT, 'benchmarks', 'reference_grads_probe.py'), f'--module={their_module}',
-        f'--config={json.dumps({**SMALL, **shared})}', f'--out={out}', *(['--record'] if record else []),
+        f'--config={json.dumps(keys)}', f'--out={out}', *args,
     ]  # fmt: skip
     env = dict(os.environ, PYTHONPATH=os.path.abspath(reference))
     done = subprocess.run(argv, cwd=os.path.abspath(reference), env=env, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f'the reference failed on {name}:\n{done.stderr[-3000:]}')
-    theirs = dict(np.load(out))
+    return dict(np.load(out))
+
+
+def run_case(name, reference, work_dir):
+    agent_name, their_module, shared, extra = CASES[name]
+    record = agent_name in ('acfql', 'acrlpd')  # the QC reference's key splits; the others split as theirs
+    out = os.path.join(work_dir, f'{"".join(c if c.isalnum() else "_" for c in name)}.npz')
+    theirs = run_reference(name, reference, their_module, {**SMALL, **shared}, out, *(['--record'] if record else []))
     cls, config = our_config(agent_name, shared, extra)
     agent = cls.create(probe.SEED, *probe.example_inputs(), config)
     agent, init_gap = load_params(agent, theirs, agent_name)

@@ -18,7 +18,6 @@ the size of the learning-curve comparisons (two layers of 128, batches of 128, c
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 
@@ -27,11 +26,10 @@ import numpy as np
 from benchmarks import reference_grads as grads
 from benchmarks import reference_grads_probe as probe
 from benchmarks.common import machine_info
+from benchmarks.reference_curves import generate_data
 
 ROOT = grads.ROOT
-DATASET = 'cube-single-play-v0'
 ENV_NAME = 'cube-single-play-singletask-task2-v0'
-DATA_EPISODES = 60
 SIZE = dict(actor_hidden_dims=[128, 128], value_hidden_dims=[128, 128])
 BATCH_SIZE, HORIZON, DISCOUNT = 128, 5, 0.99
 # The methods whose curves are not compared (issue 47): their losses are, here.
@@ -95,15 +93,7 @@ def run_case(name, reference, batches_path, batches):
     keys = {**shared, **SIZE, 'batch_size': BATCH_SIZE}
     with tempfile.TemporaryDirectory() as work_dir:
         out = os.path.join(work_dir, 'theirs.npz')
-        argv = [
-            sys.executable, os.path.join(ROOT, 'benchmarks', 'reference_grads_probe.py'), f'--module={their_module}',
-            f'--config={json.dumps(keys)}', f'--batches={batches_path}', f'--out={out}',
-        ]  # fmt: skip
-        env = dict(os.environ, PYTHONPATH=os.path.abspath(reference))
-        done = subprocess.run(argv, cwd=os.path.abspath(reference), env=env, capture_output=True, text=True)
-        if done.returncode != 0:
-            raise SystemExit(f'the reference failed on {name}:\n{done.stderr[-3000:]}')
-        theirs = dict(np.load(out))
+        theirs = grads.run_reference(name, reference, their_module, keys, out, f'--batches={batches_path}')
     cls, config = grads.our_config(agent_name, keys, extra)
     observation, action, config['horizon_length'] = probe.batch_inputs(batches)
     agent, init_gap = grads.load_params(cls.create(probe.SEED, observation, action, config), theirs, agent_name)
@@ -147,13 +137,7 @@ def main(argv=None):
         sys.exit(f'error: --steps must be at least {WINDOW} (one window), got {args.steps}')
     if not os.path.isfile(os.path.join(args.reference, 'agents', 'qam.py')):
         sys.exit(f'error: {args.reference} is not a checkout of github ColinQiyangLi/qam (no agents/qam.py there)')
-    if not os.path.exists(os.path.join(args.data_dir, f'{DATASET}.npz')):
-        print(f'generating {DATASET} ({DATA_EPISODES} episodes) in {args.data_dir}', flush=True)
-        subprocess.run(
-            [sys.executable, '-m', 'envs.generate_ogbench', f'--env_name={DATASET}',
-             f'--num_episodes={DATA_EPISODES}', f'--save_dir={args.data_dir}'],
-            cwd=ROOT, check=True, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
+    generate_data(args.data_dir)
     batches = make_batches(args.data_dir, args.steps)
     results = []
     with tempfile.TemporaryDirectory() as work_dir:
