@@ -149,9 +149,9 @@ def main(argv=None):
             worst = max(max(v['windows']) for v in r['infos'].values())
             print(f'{name}: {len(r["infos"])} infos, worst {WINDOW}-update mean {worst:.1e}; missing here: '
                   f'{r["missing"]}', flush=True)  # fmt: skip
+            with open(args.out, 'w') as f:  # after every case, so an interrupted comparison keeps the cases it ran
+                json.dump(dict(results=results, window=WINDOW, machine=machine_info()), f, indent=1)
     print(table(results))
-    with open(args.out, 'w') as f:
-        json.dump(dict(results=results, window=WINDOW, machine=machine_info()), f, indent=1)
     print(f'wrote {args.out}')
 
 
