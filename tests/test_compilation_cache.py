@@ -1,5 +1,5 @@
 """The persistent compilation cache a run turns on is bounded, which turns on JAX's file lock: without it, a process
-could read an entry another is still writing (XLA then segfaults deserialising it)."""
+could read an entry another is still writing."""
 
 import importlib.util
 

@@ -29,7 +29,7 @@ from utils.guards import check_dataset_matches_env
 
 DEFAULT_COMPILATION_CACHE = '~/.cache/qc-jax/xla'
 # The cache's bound, when $JAX_COMPILATION_CACHE_MAX_SIZE sets none: a bound turns on JAX's file lock, without which
-# a process can read an entry another is still writing (a segfault in XLA's deserialisation).
+# a process can read an entry another is still writing (JAX's cache writes entries in place).
 COMPILATION_CACHE_BYTES = 16 << 30
 BUILD_THREADS = 8  # Threads that build the other seeds' environments.
 
