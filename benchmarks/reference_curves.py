@@ -66,6 +66,19 @@ PRESETS = {
         '--agent.action_chunking=True', '--agent.edit_scale=0.2',
         '--agent.actor_hidden_dims=(128,128)', '--agent.value_hidden_dims=(128,128)', '--agent.batch_size=128',
     ]),
+    # QSM (their agents/dcgql.py) on task1 with reproduce.py's cube-double values.
+    'qsm': ('main.py', [
+        '--env_name=cube-single-play-singletask-task1-v0', '--agent=agents/dcgql.py', '--horizon_length=5',
+        '--agent.action_chunking=True', '--agent.actor_loss_type=qsm', '--agent.inv_temp=1.0', '--agent.alpha=10.0',
+        '--agent.clip_sampler_before=False', '--agent.clip_sampler_after=True',
+        '--agent.actor_hidden_dims=(128,128)', '--agent.value_hidden_dims=(128,128)', '--agent.batch_size=128',
+    ]),
+    # ReBRAC (their agents/rebrac.py) on task1 with reproduce.py's cube-double values.
+    'rebrac': ('main.py', [
+        '--env_name=cube-single-play-singletask-task1-v0', '--agent=agents/rebrac.py', '--horizon_length=5',
+        '--agent.action_chunking=True', '--agent.alpha_actor=0.01', '--agent.actor_noise=0.0',
+        '--agent.actor_hidden_dims=(128,128)', '--agent.value_hidden_dims=(128,128)', '--agent.batch_size=128',
+    ]),
 }  # fmt: skip
 
 # Stub modules the reference imports; see the module docstring.

@@ -173,8 +173,8 @@ class RunConfig:
                                  minimum=0.0, on_resume=MAY_CHANGE)
     compilation_cache_dir: str | None = setting(
         None, 'Persistent XLA compilation cache, shared by runs with the same shapes (a sweep, a requeued job) so that '
-        'they load their compiled programs instead of compiling them again; safe for concurrent processes (JAX locks '
-        'it with the filelock package; bounded at 16 GiB, oldest entries evicted). Default: '
+        'they load their compiled programs instead of compiling them again; safe for concurrent and killed processes '
+        '(entries are written whole); bounded at 16 GiB when a run starts, oldest entries removed. Default: '
         '$JAX_COMPILATION_CACHE_DIR, else ~/.cache/qc-jax/xla; "none": off.', kind=str, on_resume=MAY_CHANGE)
     protocol: str = setting('auto', "The paper whose protocol the run follows: qc (Li, Zhou, Levine 2025) or qam (Li, "
                             'Levine 2026). The run says where its settings differ from that paper\'s for its method '

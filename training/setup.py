@@ -4,9 +4,7 @@ written (run directories, data, environments, agents, disk space), then the logs
 
 import dataclasses
 import functools
-import importlib.util
 import os
-import sys
 import tempfile
 
 import jax
@@ -22,21 +20,22 @@ from training import run_dirs
 from training.data import process_run_dataset, replay_capacity
 from training.lanes import Lane, map_lanes, thread_pool
 from training.seeds import SeedGroup
-from utils import seeding
+from utils import compilation_cache, seeding
 from utils.checkpoints import check_disk_space
 from utils.errors import UsageError
 from utils.guards import check_dataset_matches_env
 
 DEFAULT_COMPILATION_CACHE = '~/.cache/qc-jax/xla'
-# The cache's bound, when $JAX_COMPILATION_CACHE_MAX_SIZE sets none: a bound turns on JAX's file lock, without which
-# a process can read an entry another is still writing (JAX's cache writes entries in place).
+# The cache folder's bound, kept when a run starts (`utils.compilation_cache.trim`: the oldest entries go first).
 COMPILATION_CACHE_BYTES = 16 << 30
 BUILD_THREADS = 8  # Threads that build the other seeds' environments.
 
 
 def use_compilation_cache(path):
     """Turns on JAX's persistent compilation cache in `path` (None: $JAX_COMPILATION_CACHE_DIR, else
-    `DEFAULT_COMPILATION_CACHE`; 'none': off); returns the directory used, or None."""
+    `DEFAULT_COMPILATION_CACHE`; 'none': off), its entries written whole and the folder bounded by
+    `COMPILATION_CACHE_BYTES` (`utils.compilation_cache`) unless $JAX_COMPILATION_CACHE_MAX_SIZE has JAX bound it;
+    returns the directory used, or None."""
     if path == 'none':
         return None
     path = os.path.expanduser(path or os.environ.get('JAX_COMPILATION_CACHE_DIR') or DEFAULT_COMPILATION_CACHE)
@@ -47,12 +46,9 @@ def use_compilation_cache(path):
         raise UsageError(message) from e
     if jax.config.jax_compilation_cache_dir != path:
         jax.config.update('jax_compilation_cache_dir', path)
-    if jax.config.jax_compilation_cache_max_size == -1:
-        if importlib.util.find_spec('filelock') is None:
-            print('warning: the filelock package is missing, so runs that share the compilation cache may read each '
-                  "other's half-written entries and crash; pip install filelock", file=sys.stderr)  # fmt: skip
-        else:
-            jax.config.update('jax_compilation_cache_max_size', COMPILATION_CACHE_BYTES)
+    if jax.config.jax_compilation_cache_max_size == -1:  # not bounded by JAX ($JAX_COMPILATION_CACHE_MAX_SIZE)
+        compilation_cache.write_entries_atomically()
+        compilation_cache.trim(path, COMPILATION_CACHE_BYTES)
     return path
 
 
