@@ -1,6 +1,7 @@
 """The QAM paper's baselines on the run layer: each trains with main.py offline then online on generated cube data
 with two seeds in one process, is killed and resumed, follows the QAM paper's protocol by default and is named as
-that paper names it. That the resumed run is exactly the uninterrupted one is tested for ACFQL and QAM in
+that paper names it (the killed run a driver process, its resume in this one: what the process adds is tested in
+test_resume.py). That the resumed run is exactly the uninterrupted one is tested for ACFQL and QAM in
 test_resume.py, and for every agent's own state (all a checkpoint holds of it) in each agent's test file
 (`helpers.sequential_updates_with_a_resume`).
 """
@@ -10,7 +11,11 @@ import os
 import signal
 
 import pytest
-from helpers import checkpoint_files, read_csv, run_driver, start_driver, wait_for
+from helpers import checkpoint_files, parse_run, read_csv, start_driver, wait_for
+
+import main
+from agents import agents
+from training import Trainer
 
 ENV_NAME = 'cube-single-play-singletask-task2-v0'
 TINY = ['--agent.actor_hidden_dims=(16,16)', '--agent.value_hidden_dims=(16,16)', '--agent.batch_size=8',
@@ -35,7 +40,9 @@ BASELINES = {
 
 @pytest.mark.slow
 @pytest.mark.parametrize('method', list(BASELINES))
-def test_a_baseline_trains_offline_then_online_with_two_seeds_and_resumes_after_a_kill(data_dir, tmp_path, method):
+def test_a_baseline_trains_offline_then_online_with_two_seeds_and_resumes_after_a_kill(
+    data_dir, tmp_path, no_wandb, capsys, method
+):
     agent, keys, loss = BASELINES[method]
     args = [
         f'--agent={agent}', f'--env_name={ENV_NAME}', f'--dataset_dir={data_dir}', f'--save_dir={tmp_path}', *TINY,
@@ -50,9 +57,8 @@ def test_a_baseline_trains_offline_then_online_with_two_seeds_and_resumes_after_
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert proc.returncode == -signal.SIGKILL, 'the run ended before it was killed'
-    resumed = run_driver('main.py', [*args, '--resume'])
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert 'Resuming run' in resumed.stdout
+    Trainer(parse_run(main.PRESET, [*args, '--resume']), agents).train()
+    assert 'Resuming run' in capsys.readouterr().out
     for run_dir in run_dirs:
         for name, steps in (('offline_agent.csv', [3, 6]), ('online_agent.csv', [9, 12])):
             rows = read_csv(os.path.join(run_dir, name))
