@@ -5,6 +5,8 @@ and over windows of steps.
     python -m benchmarks.reference_losses --reference=/path/to/qam                  # every case, 2,000 updates each
     python -m benchmarks.reference_losses --reference=/path/to/qam --cases=BAM,IFQL --steps=500
 
+The JSON (`--out`) keeps the cases of earlier runs with the same `--steps`; a case run again replaces its row.
+
 The batches are drawn once here, with this project's `sample_sequence`, from OGBench's cube-single play data made
 by `envs.generate_ogbench` (60 episodes unless it is already in `--data_dir`), and handed to both codes. The
 reference's agent is built in its own process (`benchmarks/reference_grads_probe.py --batches`, their checkout
@@ -103,6 +105,15 @@ def run_case(name, reference, batches_path, batches):
     return dict(case=name, init_gap=init_gap, steps=len(batches['observations']), infos=rows, missing=missing)
 
 
+def previous_results(path, steps):
+    """The cases an earlier comparison with the same number of updates wrote to `path`, so that a run of some
+    cases adds to (or replaces) those rows instead of dropping the others."""
+    if not os.path.isfile(path):
+        return []
+    with open(path) as f:
+        return [r for r in json.load(f)['results'] if r['steps'] == steps]
+
+
 def table(results):
     lines = [
         f'| case | infos | first {FIRST_STEPS} updates, worst | {WINDOW}-update means, worst (info) '
@@ -139,13 +150,13 @@ def main(argv=None):
         sys.exit(f'error: {args.reference} is not a checkout of github ColinQiyangLi/qam (no agents/qam.py there)')
     generate_data(args.data_dir)
     batches = make_batches(args.data_dir, args.steps)
-    results = []
+    results = previous_results(args.out, args.steps)
     with tempfile.TemporaryDirectory() as work_dir:
         batches_path = os.path.join(work_dir, 'batches.npz')
         np.savez(batches_path, **batches)
         for name in names:
-            results.append(run_case(name, args.reference, batches_path, batches))
-            r = results[-1]
+            r = run_case(name, args.reference, batches_path, batches)
+            results = [x for x in results if x['case'] != name] + [r]
             worst = max(max(v['windows']) for v in r['infos'].values())
             print(f'{name}: {len(r["infos"])} infos, worst {WINDOW}-update mean {worst:.1e}; missing here: '
                   f'{r["missing"]}', flush=True)  # fmt: skip

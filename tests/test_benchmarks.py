@@ -163,3 +163,14 @@ def test_reference_comparison_refuses_bad_input_in_one_line(tmp_path, args, line
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode != 0 and len(lines) == 1 and lines[0].startswith('error: ') and line in lines[0]
     assert os.listdir(tmp_path) == []  # nothing written
+
+
+def test_reference_losses_keeps_the_other_cases_of_its_json(tmp_path):
+    from benchmarks.reference_losses import previous_results
+
+    path = tmp_path / 'losses.json'
+    assert previous_results(str(path), 2000) == []
+    rows = [dict(case='DAC', steps=2000), dict(case='BAM', steps=500), dict(case='IFQL', steps=2000)]
+    path.write_text(json.dumps(dict(results=rows, window=200)))
+    # Rows of another --steps are not comparable and are dropped; the caller replaces a case it runs again.
+    assert [r['case'] for r in previous_results(str(path), 2000)] == ['DAC', 'IFQL']
