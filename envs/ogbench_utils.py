@@ -31,6 +31,7 @@ from envs.common import (
     npz_layout,
 )
 from utils import seeding
+from utils.io_utils import write_cache_file
 
 DEFAULT_DATASET_DIR = '~/.ogbench/data'
 _NAME_RE = re.compile(
@@ -186,15 +187,7 @@ def _load_or_compile(key, assets):
     model = _PATCH['original'].__func__(key[0], assets)
     data = np.empty(mujoco.mj_sizeModel(model), np.uint8)
     mujoco.mj_saveModel(model, None, data)
-    part = f'{path}.{os.getpid()}-{threading.get_ident()}.part'
-    try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(part, 'wb') as f:
-            f.write(data)
-        os.replace(part, path)
-    except OSError:  # an unwritable folder only costs the next process a compile
-        with contextlib.suppress(OSError):
-            os.remove(part)
+    write_cache_file(path, data)  # an unwritable folder only costs the next process a compile
     return model
 
 

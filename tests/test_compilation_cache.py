@@ -91,3 +91,14 @@ def test_a_bound_set_for_jax_is_left_to_jax(tmp_path, own_cache):
     assert jax.config.jax_compilation_cache_max_size == 1 << 20
     assert os.listdir(tmp_path / 'b') == [f'old{compilation_cache.ENTRY_SUFFIX}']  # not trimmed here
     assert setup.use_compilation_cache('none') is None
+
+
+def test_a_cache_file_that_cannot_be_written_is_skipped_without_leftovers(tmp_path):
+    from utils.io_utils import write_cache_file
+
+    assert write_cache_file(str(tmp_path / 'sub' / 'entry'), b'abc')
+    assert (tmp_path / 'sub' / 'entry').read_bytes() == b'abc'
+    blocker = tmp_path / 'not-a-folder'
+    blocker.write_bytes(b'')
+    assert not write_cache_file(str(blocker / 'entry'), b'abc')  # its folder is a file: nothing written, no error
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['not-a-folder', 'sub']

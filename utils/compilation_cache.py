@@ -12,12 +12,12 @@ when a process starts using it.
 
 import contextlib
 import os
-import threading
 import time
+
+from utils.io_utils import PART_SUFFIX, write_cache_file
 
 # JAX's file names: `<key>-cache` for an entry (and `<key>-atime` next to it when JAX bounds the cache itself).
 ENTRY_SUFFIX = '-cache'
-PART_SUFFIX = '.part'
 STALE_PART_S = 3600  # a partial file this old belongs to a writer that died
 
 
@@ -42,14 +42,7 @@ def write_entries_atomically():
         target = os.path.join(folder, f'{key}{ENTRY_SUFFIX}')
         if os.path.exists(target):
             return
-        part = f'{target}.{os.getpid()}-{threading.get_ident()}{PART_SUFFIX}'
-        try:
-            with open(part, 'wb') as f:
-                f.write(value)
-            os.replace(part, target)
-        except OSError:  # an unwritable folder only costs a later process a compile
-            with contextlib.suppress(OSError):
-                os.remove(part)
+        write_cache_file(target, value)  # an unwritable folder only costs a later process a compile
 
     put.atomic = True
     cls.put = put

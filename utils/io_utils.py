@@ -1,7 +1,9 @@
 """Crash-safe file writes: a reader sees either the old file or the complete new one, never a partial file."""
 
+import contextlib
 import os
 import tempfile
+import threading
 
 
 def _fsync_dir(path):
@@ -39,3 +41,26 @@ def atomic_write(path, write_fn, binary=False, newline=None):
 def atomic_write_bytes(path, data):
     """Writes `data` (bytes) to `path` atomically."""
     atomic_write(path, lambda f: f.write(data), binary=True)
+
+
+# Suffix of a cache file being written (`write_cache_file`): a reader never opens one; a cleanup may remove old ones.
+PART_SUFFIX = '.part'
+
+
+def write_cache_file(path, data):
+    """Writes `data` (bytes) to `path` whole, best effort: a file of this process and thread beside it, then a rename.
+
+    For caches, where losing an entry costs only a recompute: no fsync, and an unwritable folder is ignored (returns
+    False). Concurrent writers of the same entry each rename their own complete file, so a reader sees one whole.
+    """
+    part = f'{path}.{os.getpid()}-{threading.get_ident()}{PART_SUFFIX}'
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(part, 'wb') as f:
+            f.write(data)
+        os.replace(part, path)
+        return True
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.remove(part)
+        return False
