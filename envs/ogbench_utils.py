@@ -14,6 +14,7 @@ import glob
 import hashlib
 import os
 import re
+import tempfile
 import threading
 
 import numpy as np
@@ -131,10 +132,23 @@ def make_ogbench_env(env_name, **env_kwargs):
 
     _import_ogbench()
     gym_id, _ = split_name(env_name)
+    def make():
+        return _without_temporary_xml(gymnasium.make(gym_id, **env_kwargs))
+
     with reused_compiled_models():
-        if is_visual(env_name):
-            return make_rendering_env(lambda: gymnasium.make(gym_id, **env_kwargs), gym_id)
-        return gymnasium.make(gym_id, **env_kwargs)
+        return make_rendering_env(make, gym_id) if is_visual(env_name) else make()
+
+
+def _without_temporary_xml(env):
+    """OGBench's mazes write each environment's MuJoCo XML to a new temporary file (`tempfile.mkstemp`) and never
+    remove it: a run making environments of a maze task left one file in the temporary folder per environment. The
+    model is built from it in the constructor and never read again, so it is removed here."""
+    path = getattr(env.unwrapped, 'fullpath', '')
+    name = os.path.basename(path)
+    if os.path.dirname(path) == tempfile.gettempdir() and name.startswith('tmp') and name.endswith('.xml'):
+        with contextlib.suppress(OSError):
+            os.remove(path)
+    return env
 
 
 # MuJoCo models compiled in this process, by their XML and assets (see `reused_compiled_models`); never emptied: a

@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 
@@ -442,9 +443,7 @@ def test_visual_rendering_failure_is_one_actionable_line():
 def write_maze_files(data_dir, steps=40):
     """A small antmaze-large-navigate-v0 in OGBench's layout (random actions, 2 episodes): the mazes' datasets come
     from trained expert policies and cannot be generated here, but their loading and relabelling can be tested."""
-    import gymnasium
-
-    env = gymnasium.make('antmaze-large-singletask-task1-v0')
+    env = ogbench_utils.make_ogbench_env('antmaze-large-navigate-singletask-task1-v0')
     rng = np.random.default_rng(0)
     fields = {k: [] for k in ('observations', 'actions', 'terminals', 'qpos', 'qvel')}
     for episode in range(2):
@@ -461,13 +460,20 @@ def write_maze_files(data_dir, steps=40):
     return arrays
 
 
-def test_maze_navigate_tasks_load_where_their_files_are(tmp_path):
+def test_maze_navigate_tasks_load_where_their_files_are(tmp_path, monkeypatch):
     name = 'antmaze-large-navigate-singletask-task1-v0'
     with pytest.raises(EnvError, match='cannot be generated here') as e:
         make_env_and_datasets(name, dataset_dir=str(tmp_path))
     assert 'antmaze-large-navigate-v0.npz' in str(e.value) and '\n' not in str(e.value)
     arrays = write_maze_files(str(tmp_path))
+    temp = tmp_path / 'temp'
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, 'tempdir', str(temp))
     env, _, train, _ = make_env_and_datasets(name, dataset_dir=str(tmp_path))
+    # OGBench writes each maze environment's XML to a temporary file of its own (two here); none is left behind.
+    assert list(temp.iterdir()) == []
+    env.reset(seed=0)
+    env.step(env.action_space.sample())
     assert env.observation_space.shape == (29,) and env.action_space.shape == (8,)
     np.testing.assert_array_equal(train['observations'][:5], arrays['observations'][:5])
     # Relabelled by OGBench for task 1's goal: -1 away from it, as random actions from the start stay.
