@@ -30,6 +30,7 @@ AGENTS = {
     'ReBRAC': ('rebrac', dict(horizon_length=5, alpha_actor=0.01, actor_noise=0.0)),
     'DSRL': ('dsrl', dict(horizon_length=5, noise_scale=1.0)),
     'CGQL': ('cgql', dict(horizon_length=5, mode='simple', inv_temp=10.0, guidance_coef=0.01)),
+    'CGQL-M': ('cgql', dict(horizon_length=5, mode='mse', inv_temp=10.0, guidance_coef=0.01, noisy_coef=0.001)),
     'CGQL-L': ('cgql', dict(horizon_length=5, mode='linex', inv_temp=10.0, guidance_coef=0.01, noisy_coef=0.001)),
     'FBRAC': ('fbrac', dict(horizon_length=5, alpha=0.1)),
     'IFQL': ('ifql', dict(horizon_length=5, kappa=0.9)),
