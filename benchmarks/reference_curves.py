@@ -117,8 +117,8 @@ def eval_csv(work_dir, code, seed, name='eval.csv'):
 
 
 # Training metrics both codes log under the same names, compared at each phase's last logged step.
-LOSS_KEYS = ('critic/critic_loss', 'critic/q_mean', 'actor/flow_loss', 'actor/adj_loss', 'actor/bc_flow_loss',
-             'actor/edit_q_loss', 'actor/edit_entropy')
+LOSS_KEYS = ('critic/critic_loss', 'critic/q_mean', 'critic/q', 'actor/actor_loss', 'actor/flow_loss', 'actor/adj_loss',
+             'actor/bc_flow_loss', 'actor/edit_q_loss', 'actor/edit_entropy')  # `critic/q`: QSM's and DAC's Q
 
 
 def loss_rows(work_dir, seeds, seed=0):
