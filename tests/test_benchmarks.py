@@ -174,3 +174,20 @@ def test_reference_losses_keeps_the_other_cases_of_its_json(tmp_path):
     path.write_text(json.dumps(dict(results=rows, window=200)))
     # Rows of another --steps are not comparable and are dropped; the caller replaces a case it runs again.
     assert [r['case'] for r in previous_results(str(path), 2000)] == ['DAC', 'IFQL']
+
+
+def test_reference_sampler_counts_differences_inside_and_past_an_episode_end():
+    from benchmarks.reference_sampler import FIELDS, compare
+
+    n, h = 4, 3
+    there = {k: np.zeros((n, h)) for k in FIELDS}
+    there['valid'] = np.ones((n, h))
+    there['valid'][3, -1] = 0.0  # the last chunk runs past an episode end
+    here = {k: v.copy() for k, v in there.items()}
+    here['actions'][1, 2] = 0.5  # a valid chunk differs
+    here['rewards'][3, 2] = -1.0  # the chunk past the end differs
+    here['observations'][0, 0] = 1e-8  # within the tolerance
+    rows, n_valid, n_other = compare(here, there)
+    assert (n_valid, n_other) == (3, 1)
+    assert rows['actions'] == (1, 0) and rows['rewards'] == (0, 1)
+    assert all(rows[k] == (0, 0) for k in FIELDS if k not in ('actions', 'rewards'))
