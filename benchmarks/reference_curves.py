@@ -12,6 +12,8 @@ area under the curve, with bootstrap intervals and a permutation test.
 Runs go to `--work_dir`, one folder per code and seed; a run whose `eval.csv` reaches the last step is kept, so an
 interrupted comparison continues where it stopped. Seeds are interleaved (ours 0, reference 0, ours 1, ...) so a
 comparison cut short still holds as many seeds of each. `--jobs` runs at once, each pinned to its own CPU core.
+Where the folders of an earlier comparison are gone but its JSON is kept (it holds every seed's values), more seeds
+are added with `--first_seed=N --earlier=<its JSON>`: seeds N.. are run, and the earlier seeds 0..N-1 are put first.
 
 The data is OGBench's cube-single play data made by `envs.generate_ogbench` (60 episodes unless it is already in
 `--data_dir`); the reference finds it through a private HOME (`~/.ogbench/data` links to it), so it downloads
@@ -225,7 +227,7 @@ def run_all(args):
     if not os.path.isfile(os.path.join(args.reference, PRESETS[args.preset][0])):
         sys.exit(f'error: {args.reference} is not a checkout of the reference (no {PRESETS[args.preset][0]} there)')
     data_dir, home, stubs = prepare(args)
-    todo = [(code, seed) for seed in range(args.seeds) for code in CODES
+    todo = [(code, seed) for seed in range(args.first_seed, args.seeds) for code in CODES
             if not finished(args.work_dir, code, seed, last_step(args))]  # fmt: skip
     cores = os.cpu_count() or 1
     running = {}  # slot -> (code, seed, process, started, log file)
@@ -316,17 +318,41 @@ def table(rows, seeds):
     return '\n'.join(lines)
 
 
-def collect(work_dir, last_step):
-    """({code: [curve per finished seed]}, {code: [those seeds]}), seeds in order."""
+def collect(work_dir, last_step, first_seed=0):
+    """({code: [curve per finished seed]}, {code: [those seeds]}), seeds in order from `first_seed`."""
     curves, seeds = {code: [] for code in CODES}, {code: [] for code in CODES}
     for code in CODES:
-        seed = 0
+        seed = first_seed
         while eval_csv(work_dir, code, seed) is not None:
             if finished(work_dir, code, seed, last_step):
                 curves[code].append(read_curve(eval_csv(work_dir, code, seed)))
                 seeds[code].append(seed)
             seed += 1
     return curves, seeds
+
+
+def with_earlier(path, command_line, first_seed, curves, losses, seed=0):
+    """`curves` and `losses` of the runs on disk (seeds from `first_seed`) with an earlier comparison's seeds
+    0..first_seed-1 put first, read from its JSON (which keeps every seed's values), and the loss p-values redone.
+    The earlier comparison must have run the same command with exactly those seeds."""
+    with open(path) as f:
+        earlier = json.load(f)
+    if earlier['command'] != command_line:
+        sys.exit(f'error: {path} compared other runs ({earlier["command"]}), not {command_line}')
+    if any(n != first_seed for n in earlier['seeds'].values()):
+        sys.exit(f'error: {path} holds seeds {earlier["seeds"]} of each code; --first_seed must be that count')
+    steps = [r for r in earlier['rows'] if r['step'] != 'auc']
+    merged = {code: [{r['step']: r['values'][code][i] for r in steps} for i in range(first_seed)] + curves[code]
+              for code in CODES}  # fmt: skip
+    rng = np.random.default_rng(seed)
+    before = {(r['log'], r['step'], r['key']): r['values'] for r in earlier['losses']}
+    rows = []
+    for r in losses:
+        old = before.get((r['log'], r['step'], r['key']))
+        if old is not None:
+            values = {code: old[code] + r['values'][code] for code in CODES}
+            rows.append(dict(r, values=values, p=permutation_p(values['ours'], values['reference'], rng)))
+    return merged, rows
 
 
 def main(argv=None):
@@ -338,6 +364,9 @@ def main(argv=None):
     parser.add_argument('--report_only', action='store_true', help='only print the table of the runs on disk')
     parser.add_argument('--preset', default='qc-rlpd', choices=sorted(PRESETS))
     parser.add_argument('--seeds', type=int, default=12, help='seeds 0..N-1 of each code')
+    parser.add_argument('--first_seed', type=int, default=0, help='run only seeds first_seed..N-1 (see --earlier)')
+    parser.add_argument('--earlier', default=None, help='JSON of an earlier comparison of the same command with '
+                        'seeds 0..first_seed-1, whose per-seed values are put first (its run folders may be gone)')
     parser.add_argument('--offline_steps', type=int, default=5000, help='offline steps of main.py presets')
     parser.add_argument('--online_steps', type=int, default=20000)
     parser.add_argument('--start_training', type=int, default=1000)
@@ -353,8 +382,9 @@ def main(argv=None):
         '.json for qc-rlpd, results_reference_<preset>.json otherwise)',
     )
     args = parser.parse_args(argv)
-    for name in ('seeds', 'offline_steps', 'online_steps', 'eval_interval', 'eval_episodes', 'jobs', 'start_training'):
-        low = 0 if name in ('start_training', 'offline_steps') else 1
+    for name in ('seeds', 'offline_steps', 'online_steps', 'eval_interval', 'eval_episodes', 'jobs', 'start_training',
+                 'first_seed'):  # fmt: skip
+        low = 0 if name in ('start_training', 'offline_steps', 'first_seed') else 1
         if getattr(args, name) < low:
             sys.exit(f'error: --{name} must be >= {low}, got {getattr(args, name)}')
     args.data_dir = args.data_dir or os.path.join(args.work_dir, 'data')
@@ -364,18 +394,21 @@ def main(argv=None):
         if not args.reference:
             parser.error('--reference is required (a checkout of the reference), unless --report_only')
         run_all(args)
-    curves, finished_seeds = collect(args.work_dir, last_step(args))
+    curves, finished_seeds = collect(args.work_dir, last_step(args), args.first_seed)
     if not all(curves[code] for code in CODES):
         sys.exit(f'error: no finished runs of both codes in {args.work_dir}')
+    losses = loss_rows(args.work_dir, finished_seeds)
+    script, flags = run_flags(args)
+    command_line = f'python {script} ' + ' '.join(flags)
+    if args.earlier:
+        curves, losses = with_earlier(args.earlier, command_line, args.first_seed, curves, losses)
     rows = compare(curves)
     seeds = {code: len(curves[code]) for code in CODES}
     print(table(rows, seeds))
-    losses = loss_rows(args.work_dir, finished_seeds)
     if losses:
         print(loss_table(losses))
-    script, flags = run_flags(args)
     result = dict(
-        command=f'python {script} ' + ' '.join(flags), seeds=seeds, machine=machine_info(),
+        command=command_line, seeds=seeds, machine=machine_info(),
         rows=[{k: v for k, v in r.items()} for r in rows], losses=losses,
     )  # fmt: skip
     with open(args.out, 'w') as f:

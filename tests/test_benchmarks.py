@@ -191,3 +191,30 @@ def test_reference_sampler_counts_differences_inside_and_past_an_episode_end():
     assert (n_valid, n_other) == (3, 1)
     assert rows['actions'] == (1, 0) and rows['rewards'] == (0, 1)
     assert all(rows[k] == (0, 0) for k in FIELDS if k not in ('actions', 'rewards'))
+
+
+def test_reference_comparison_puts_an_earlier_comparisons_seeds_first(tmp_path):
+    def loss(key, ours, theirs):
+        return dict(log='online_agent.csv', step=10, key=key, values={'ours': ours, 'reference': theirs}, p=1.0)
+
+    earlier = dict(
+        command='python main.py --x=1',
+        seeds={'ours': 2, 'reference': 2},
+        rows=[
+            dict(step=10, values={'ours': [0.1, 0.2], 'reference': [0.3, 0.4]}),
+            dict(step='auc', values={'ours': [9, 9], 'reference': [9, 9]}),
+        ],
+        losses=[loss('critic/q_mean', [1.0, 2.0], [3.0, 4.0]), loss('actor/gone', [1.0, 1.0], [1.0, 1.0])],
+    )
+    path = tmp_path / 'earlier.json'
+    path.write_text(json.dumps(earlier))
+    curves = {'ours': [{10: 0.5}], 'reference': [{10: 0.6}]}  # seed 2 of each, on disk
+    losses = [loss('critic/q_mean', [5.0], [6.0]), loss('actor/new', [5.0], [6.0])]
+    merged, rows = reference_curves.with_earlier(str(path), 'python main.py --x=1', 2, curves, losses)
+    assert merged == {'ours': [{10: 0.1}, {10: 0.2}, {10: 0.5}], 'reference': [{10: 0.3}, {10: 0.4}, {10: 0.6}]}
+    assert [r['key'] for r in rows] == ['critic/q_mean']  # only metrics both comparisons logged
+    assert rows[0]['values'] == {'ours': [1.0, 2.0, 5.0], 'reference': [3.0, 4.0, 6.0]} and 0 < rows[0]['p'] <= 1
+    with pytest.raises(SystemExit, match='compared other runs'):
+        reference_curves.with_earlier(str(path), 'python main.py --x=2', 2, curves, losses)
+    with pytest.raises(SystemExit, match='--first_seed must be that count'):
+        reference_curves.with_earlier(str(path), 'python main.py --x=1', 3, curves, losses)
