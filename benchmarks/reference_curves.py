@@ -331,16 +331,26 @@ def collect(work_dir, last_step, first_seed=0):
     return curves, seeds
 
 
-def with_earlier(path, command_line, first_seed, curves, losses, seed=0):
-    """`curves` and `losses` of the runs on disk (seeds from `first_seed`) with an earlier comparison's seeds
-    0..first_seed-1 put first, read from its JSON (which keeps every seed's values), and the loss p-values redone.
-    The earlier comparison must have run the same command with exactly those seeds."""
-    with open(path) as f:
-        earlier = json.load(f)
-    if earlier['command'] != command_line:
-        sys.exit(f'error: {path} compared other runs ({earlier["command"]}), not {command_line}')
-    if any(n != first_seed for n in earlier['seeds'].values()):
-        sys.exit(f'error: {path} holds seeds {earlier["seeds"]} of each code; --first_seed must be that count')
+def load_earlier(path, command_line, first_seed):
+    """The JSON of an earlier comparison to put before the runs on disk (`--earlier`), checked before anything runs:
+    it must have compared the same command with exactly seeds 0..first_seed-1 of each code."""
+    try:
+        with open(path) as f:
+            earlier = json.load(f)
+        command, seeds = earlier['command'], earlier['seeds']
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        sys.exit(f'error: --earlier={path} is not the JSON of a comparison ({type(e).__name__}: {e})')
+    if command != command_line:
+        sys.exit(f'error: --earlier={path} compared other runs ({command}), not {command_line}')
+    if any(n != first_seed for n in seeds.values()):
+        sys.exit(f'error: --earlier={path} holds seeds {seeds} of each code; --first_seed must be that count')
+    return earlier
+
+
+def with_earlier(earlier, first_seed, curves, losses, seed=0):
+    """`curves` and `losses` of the runs on disk (seeds from `first_seed`) with the `earlier` comparison's seeds
+    0..first_seed-1 put first (its JSON keeps every seed's values), and the loss p-values redone; only the metrics
+    both logged are kept."""
     steps = [r for r in earlier['rows'] if r['step'] != 'auc']
     merged = {code: [{r['step']: r['values'][code][i] for r in steps} for i in range(first_seed)] + curves[code]
               for code in CODES}  # fmt: skip
@@ -387,6 +397,11 @@ def main(argv=None):
         low = 0 if name in ('start_training', 'offline_steps', 'first_seed') else 1
         if getattr(args, name) < low:
             sys.exit(f'error: --{name} must be >= {low}, got {getattr(args, name)}')
+    if args.first_seed >= args.seeds:
+        sys.exit(f'error: --first_seed={args.first_seed} leaves no seed to run below --seeds={args.seeds}')
+    script, flags = run_flags(args)
+    command_line = f'python {script} ' + ' '.join(flags)
+    earlier = load_earlier(args.earlier, command_line, args.first_seed) if args.earlier else None
     args.data_dir = args.data_dir or os.path.join(args.work_dir, 'data')
     suffix = '' if args.preset == 'qc-rlpd' else f'_{args.preset}'
     args.out = args.out or os.path.join(ROOT, 'benchmarks', f'results_reference{suffix}.json')
@@ -398,10 +413,8 @@ def main(argv=None):
     if not all(curves[code] for code in CODES):
         sys.exit(f'error: no finished runs of both codes in {args.work_dir}')
     losses = loss_rows(args.work_dir, finished_seeds)
-    script, flags = run_flags(args)
-    command_line = f'python {script} ' + ' '.join(flags)
-    if args.earlier:
-        curves, losses = with_earlier(args.earlier, command_line, args.first_seed, curves, losses)
+    if earlier is not None:
+        curves, losses = with_earlier(earlier, args.first_seed, curves, losses)
     rows = compare(curves)
     seeds = {code: len(curves[code]) for code in CODES}
     print(table(rows, seeds))

@@ -152,7 +152,12 @@ def test_reference_comparison_compares_the_last_logged_losses_of_finished_runs(t
 
 @pytest.mark.parametrize(
     'args, line',
-    [([], 'is not a checkout of the reference (no main_online.py there)'), (['--jobs=0'], '--jobs must be >= 1')],
+    [
+        ([], 'is not a checkout of the reference (no main_online.py there)'),
+        (['--jobs=0'], '--jobs must be >= 1'),
+        (['--seeds=3', '--first_seed=3'], 'leaves no seed to run'),
+        (['--first_seed=2', '--earlier=/nonexistent/comparison.json'], 'is not the JSON of a comparison'),
+    ],
 )
 def test_reference_comparison_refuses_bad_input_in_one_line(tmp_path, args, line):
     proc = subprocess.run(
@@ -210,11 +215,12 @@ def test_reference_comparison_puts_an_earlier_comparisons_seeds_first(tmp_path):
     path.write_text(json.dumps(earlier))
     curves = {'ours': [{10: 0.5}], 'reference': [{10: 0.6}]}  # seed 2 of each, on disk
     losses = [loss('critic/q_mean', [5.0], [6.0]), loss('actor/new', [5.0], [6.0])]
-    merged, rows = reference_curves.with_earlier(str(path), 'python main.py --x=1', 2, curves, losses)
+    earlier = reference_curves.load_earlier(str(path), 'python main.py --x=1', 2)
+    merged, rows = reference_curves.with_earlier(earlier, 2, curves, losses)
     assert merged == {'ours': [{10: 0.1}, {10: 0.2}, {10: 0.5}], 'reference': [{10: 0.3}, {10: 0.4}, {10: 0.6}]}
     assert [r['key'] for r in rows] == ['critic/q_mean']  # only metrics both comparisons logged
     assert rows[0]['values'] == {'ours': [1.0, 2.0, 5.0], 'reference': [3.0, 4.0, 6.0]} and 0 < rows[0]['p'] <= 1
     with pytest.raises(SystemExit, match='compared other runs'):
-        reference_curves.with_earlier(str(path), 'python main.py --x=2', 2, curves, losses)
+        reference_curves.load_earlier(str(path), 'python main.py --x=2', 2)
     with pytest.raises(SystemExit, match='--first_seed must be that count'):
-        reference_curves.with_earlier(str(path), 'python main.py --x=1', 3, curves, losses)
+        reference_curves.load_earlier(str(path), 'python main.py --x=1', 3)
