@@ -5,8 +5,8 @@ every chunk start of the dataset at once, each field of the chunks both codes re
 
 Both draw a batch's starts uniformly from `[0, size - H]` (theirs `np.random.randint`, here the sampler's own
 generator), so the two samplers hand an agent the same batches in distribution exactly when their chunks agree
-start by start. Here their `sample_sequence` is called with every start (its `randint` made to return them all)
-and this project's `Dataset.chunk_scalars` and `sample_sequence`'s observation fields on the same starts. Chunks
+start by start. Here both codes' `sample_sequence` are called once with every start (their `randint` and this
+project's `Dataset.draw_chunks` made to return them all) on the same arrays. Chunks
 that run past an episode end (`valid[:, -1] = 0`) are left out of every loss in both codes; where they differ is
 reported apart. The data is OGBench's cube-single play data made by `envs.generate_ogbench` (60 episodes unless
 `--data_dir` has it), loaded by this project's `envs.env_utils.make_env_and_datasets`.
@@ -36,16 +36,13 @@ def their_dataset_class(reference):
 
 
 def every_chunk(ours, theirs_cls, horizon, discount):
-    """({field: ours (N, ...)}, {field: theirs (N, ...)}) for every one of the N = size - H + 1 chunk starts."""
-    from utils.datasets import Dataset
-
-    arrays = {k: np.asarray(ours[k]) for k in ('observations', 'actions', 'rewards', 'masks', 'terminals',
-                                               'next_observations')}  # fmt: skip
-    theirs = theirs_cls.create(**{k: v.copy() for k, v in arrays.items()})
-    mine = Dataset.create(**arrays, seed=0)
-    starts = np.arange(mine.size - horizon + 1)
-    with mock.patch.object(mine, 'draw_chunks', lambda batch_size, length: starts[:, None] + np.arange(length)):
-        here = mine.sample_sequence(len(starts), horizon, discount)
+    """({field: ours (N, ...)}, {field: theirs (N, ...)}) for every one of the N = size - H + 1 chunk starts of the
+    dataset `ours` (this project's `Dataset`), theirs built from copies of its arrays."""
+    keys = ('observations', 'actions', 'rewards', 'masks', 'terminals', 'next_observations')
+    theirs = theirs_cls.create(**{k: np.array(ours[k]) for k in keys})
+    starts = np.arange(ours.size - horizon + 1)
+    with mock.patch.object(ours, 'draw_chunks', lambda batch_size, length: starts[:, None] + np.arange(length)):
+        here = ours.sample_sequence(len(starts), horizon, discount)
     with mock.patch('numpy.random.randint', lambda high, size=None: np.arange(high)):
         there = theirs.sample_sequence(len(starts), horizon, discount)
     return here, there
