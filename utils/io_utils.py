@@ -48,7 +48,8 @@ PART_SUFFIX = '.part'
 
 
 def write_cache_file(path, data):
-    """Writes `data` (bytes) to `path` whole, best effort: a file of this process and thread beside it, then a rename.
+    """Writes `data` (bytes or a buffer) to `path` whole, best effort: a file of this process and thread beside it, then
+    a rename.
 
     For caches, where losing an entry costs only a recompute: no fsync, and an unwritable folder is ignored (returns
     False). Concurrent writers of the same entry each rename their own complete file, so a reader sees one whole.
